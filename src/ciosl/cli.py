@@ -1,0 +1,104 @@
+"""Command line: argument parsing only; the work is done by the library."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ciosl.data.orderings import ORDERINGS
+
+
+def _seeds(text: str) -> list[int]:
+    try:
+        return [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--seeds expects integers like 0,1,2, got {text!r}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ciosl", description="Class-incremental online streaming "
+                                "learning: learners, benchmark protocol, reports.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="stream a dataset through a method and report Omega_all")
+    run.add_argument("--dataset", default="digits", help="dataset name (see `ciosl datasets`) "
+                     "or features:PATH.npz (default: digits)")
+    run.add_argument("--ordering", default="class_iid", choices=ORDERINGS)
+    run.add_argument("--method", required=True, help="method name (see `ciosl methods`)")
+    group = run.add_mutually_exclusive_group()
+    group.add_argument("--runs", type=int, default=None, help="number of runs (seeds 0..N-1)")
+    group.add_argument("--seeds", type=_seeds, default=None, help="explicit seeds, e.g. 0,1,2")
+    run.add_argument("--extractor", default=None, help="pixels or mobilenet_v2 (default: the "
+                     "dataset's)")
+    run.add_argument("--weights", default=None, help="MobileNetV2 ImageNet weights file")
+    run.add_argument("--buffer", type=int, default=None, help="replay buffer capacity")
+    run.add_argument("--set", dest="settings", action="append", default=[],
+                     metavar="NAME=VALUE", help="a method setting (repeatable)")
+    run.add_argument("--limit-per-class", type=int, default=None,
+                     help="keep at most N training samples per class (quick runs)")
+    run.add_argument("--offline-epochs", type=int, default=None,
+                     help="epochs of the offline reference learner (default: the dataset's)")
+    run.add_argument("--out", default="results", help="folder for the result JSON")
+    run.add_argument("--cache", default=None, help="cache folder (default $CIOSL_CACHE or "
+                     "~/.cache/ciosl)")
+    run.add_argument("--data", default=None, help="dataset folder (overrides the search path)")
+    run.add_argument("--quiet", action="store_true", help="no per-event tables")
+
+    sub.add_parser("datasets", help="list datasets, whether each is present, how to get it")
+    sub.add_parser("methods", help="list methods with their settings and defaults")
+
+    feat = sub.add_parser("features", help="compute and cache a dataset's features")
+    feat.add_argument("--dataset", required=True)
+    feat.add_argument("--extractor", default=None)
+    feat.add_argument("--weights", default=None)
+    feat.add_argument("--cache", default=None)
+    feat.add_argument("--data", default=None)
+    feat.add_argument("--download", action="store_true", help="download the dataset if absent")
+    feat.add_argument("--rebuild", action="store_true", help="recompute even if cached")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from ciosl.report import console as out
+
+    try:
+        if args.command == "datasets":
+            from ciosl.data.datasets import dataset_status
+
+            out.print_datasets(dataset_status())
+        elif args.command == "methods":
+            from ciosl.learners import available_methods
+
+            out.print_methods(available_methods())
+        elif args.command == "features":
+            from ciosl.data.features import get_features
+
+            out.print_features(get_features(
+                args.dataset, args.extractor, weights=args.weights,
+                cache_dir=f"{args.cache}/features" if args.cache else None,
+                root=args.data, download=args.download, rebuild=args.rebuild))
+        elif args.command == "run":
+            from ciosl.evaluation.experiment import ExperimentSpec, parse_assignments, run_experiment
+
+            seeds = args.seeds if args.seeds is not None else list(range(args.runs or 3))
+            exp = ExperimentSpec(
+                dataset=args.dataset, ordering=args.ordering, method=args.method, seeds=seeds,
+                extractor=args.extractor, weights=args.weights, buffer=args.buffer,
+                settings=parse_assignments(args.settings), limit_per_class=args.limit_per_class,
+                offline_epochs=args.offline_epochs, out_dir=args.out, cache_dir=args.cache,
+                data_root=args.data)
+            with out.sample_progress(f"{args.method} {args.dataset}/{args.ordering}") as (
+                    on_start, on_progress):
+                result = run_experiment(
+                    exp, on_start=on_start, on_progress=on_progress,
+                    on_run=None if args.quiet else out.print_run)
+            out.print_result(result)
+    except (ValueError, FileNotFoundError, RuntimeError) as e:
+        out.err_console.print(f"[red]error:[/] {e}")
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

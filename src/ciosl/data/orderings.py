@@ -1,0 +1,182 @@
+"""The four data orderings of the streaming protocol, as pure functions.
+
+``make_ordering(kind, labels, seed=..., base_fraction=..., classes_per_step=..., instances=...,
+frames=...)`` returns which training samples form the base initialization, the order in which
+the rest arrive, and the testing events:
+
+- ``iid``: a random ``base_fraction`` of the samples for base init, the rest shuffled.
+- ``class_iid``: classes in a seed-permuted order, ``classes_per_step`` per step; base init on
+  the first step's classes; then each step's samples, shuffled, one step after the other.
+- ``instance``: a random ``base_fraction`` for base init; the rest in temporally ordered chunks
+  of ``chunk`` (50) frames per object instance, round-robin over the instances (seed-permuted)
+  until every instance is exhausted.
+- ``class_instance``: as class_iid, but inside a step whole classes come one after the other,
+  and inside a class instance after instance (seed-permuted), frames in temporal order.
+
+Testing events: class orderings test after base init and after each class step on the classes
+seen so far; iid / instance test at the same number of evenly spaced stream positions (the
+first right after base init, the last at the end) on all classes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+ORDERINGS = ("iid", "class_iid", "instance", "class_instance")
+TEMPORAL = ("instance", "class_instance")
+
+
+@dataclass(frozen=True)
+class Ordering:
+    kind: str
+    seed: int
+    base: np.ndarray  # (n_base,) training indices for base init
+    stream: np.ndarray  # (n_stream,) training indices in arrival order
+    events: np.ndarray  # (T,) stream positions (samples learned so far) of the testing events
+    event_classes: tuple[tuple[int, ...], ...] | None  # classes tested at each event; None: all
+    class_order: tuple[int, ...]  # seed-permuted class order (class orderings), else sorted
+
+    def test_mask(self, test_y: np.ndarray, t: int) -> np.ndarray:
+        """Which test samples are scored at event t."""
+        if self.event_classes is None:
+            return np.ones(len(test_y), dtype=bool)
+        return np.isin(test_y, self.event_classes[t])
+
+    def seen(self, t: int) -> np.ndarray:
+        """Training indices learned by event t (base init + stream prefix)."""
+        return np.concatenate([self.base, self.stream[: self.events[t]]])
+
+
+def check_kind(kind: str) -> str:
+    if kind not in ORDERINGS:
+        raise ValueError(f"unknown ordering {kind!r}; valid choices: {', '.join(ORDERINGS)}")
+    return kind
+
+
+def n_steps(n_classes: int, classes_per_step: int) -> int:
+    """Number of testing events: base init plus one per class step."""
+    return int(np.ceil(n_classes / classes_per_step))
+
+
+def _class_steps(classes: np.ndarray, classes_per_step: int, rng) -> list[np.ndarray]:
+    order = rng.permutation(classes)
+    return [order[i : i + classes_per_step] for i in range(0, len(order), classes_per_step)]
+
+
+def _random_base(n: int, base_fraction: float, rng) -> tuple[np.ndarray, np.ndarray]:
+    perm = rng.permutation(n)
+    n_base = min(n - 1, max(1, int(round(base_fraction * n))))
+    return np.sort(perm[:n_base]), perm[n_base:]
+
+
+def _even_events(n_stream: int, n_events: int) -> np.ndarray:
+    return np.unique(np.linspace(0, n_stream, max(2, n_events)).round().astype(np.int64))
+
+
+def _temporal(idx: np.ndarray, instances: np.ndarray, frames: np.ndarray) -> dict[int, np.ndarray]:
+    """Indices of each instance, in temporal (frame) order."""
+    out = {}
+    for inst in np.unique(instances[idx]):
+        sel = idx[instances[idx] == inst]
+        out[int(inst)] = sel[np.argsort(frames[sel], kind="stable")]
+    return out
+
+
+def make_ordering(
+    kind: str,
+    labels: np.ndarray,
+    *,
+    seed: int,
+    base_fraction: float,
+    classes_per_step: int,
+    instances: np.ndarray | None = None,
+    frames: np.ndarray | None = None,
+    chunk: int = 50,
+) -> Ordering:
+    check_kind(kind)
+    labels = np.asarray(labels)
+    n = len(labels)
+    if n < 2:
+        raise ValueError(f"ordering needs at least 2 training samples, got {n}")
+    if classes_per_step < 1:
+        raise ValueError(f"classes_per_step must be >= 1, got {classes_per_step}")
+    if kind in TEMPORAL and (instances is None or frames is None):
+        raise ValueError(
+            f"the {kind!r} ordering needs object-instance ids and frame indices; this dataset "
+            "has none (use iid or class_iid, or a temporally ordered dataset)"
+        )
+    rng = np.random.default_rng([seed, ORDERINGS.index(kind)])
+    classes = np.unique(labels)
+    T = n_steps(len(classes), classes_per_step)
+
+    if kind in ("iid", "instance"):
+        base, rest = _random_base(n, base_fraction, rng)
+        if kind == "iid":
+            stream = rest
+        else:
+            by_inst = _temporal(np.sort(rest), instances, frames)
+            order = rng.permutation(list(by_inst))
+            parts, r = [], 0
+            while True:
+                round_parts = [by_inst[i][r * chunk : (r + 1) * chunk] for i in order]
+                round_parts = [p for p in round_parts if len(p)]
+                if not round_parts:
+                    break
+                parts += round_parts
+                r += 1
+            stream = np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+        return Ordering(kind, seed, base, stream.astype(np.int64), _even_events(len(stream), T),
+                        None, tuple(int(c) for c in classes))
+
+    steps = _class_steps(classes, classes_per_step, rng)
+    if len(steps) < 2:
+        raise ValueError(
+            f"{kind}: {len(classes)} classes with {classes_per_step} per step leave no class "
+            "for the stream"
+        )
+    idx_of = {int(c): np.flatnonzero(labels == c) for c in classes}
+    base = np.sort(np.concatenate([idx_of[int(c)] for c in steps[0]]))
+    parts, events, seen = [], [0], [tuple(int(c) for c in steps[0])]
+    pos = 0
+    for step in steps[1:]:
+        if kind == "class_iid":
+            block = rng.permutation(np.concatenate([idx_of[int(c)] for c in step]))
+        else:
+            block_parts = []
+            for c in step:
+                by_inst = _temporal(idx_of[int(c)], instances, frames)
+                block_parts += [by_inst[i] for i in rng.permutation(list(by_inst))]
+            block = np.concatenate(block_parts)
+        parts.append(block)
+        pos += len(block)
+        events.append(pos)
+        seen.append(seen[-1] + tuple(int(c) for c in step))
+    class_order = tuple(int(c) for s in steps for c in s)
+    return Ordering(kind, seed, base, np.concatenate(parts).astype(np.int64),
+                    np.asarray(events, dtype=np.int64), tuple(seen), class_order)
+
+
+def limit_per_class(labels: np.ndarray, n: int, *, instances: np.ndarray | None = None,
+                    frames: np.ndarray | None = None) -> np.ndarray:
+    """Sorted indices keeping at most ``n`` training samples per class (for quick runs).
+
+    Deterministic. With temporal data the kept frames are evenly spaced along each class's
+    (instance, frame) order, so every instance stays a temporally ordered sequence.
+    """
+    if n < 1:
+        raise ValueError(f"limit per class must be >= 1, got {n}")
+    labels = np.asarray(labels)
+    keep = []
+    rng = np.random.default_rng(0)
+    for c in np.unique(labels):
+        idx = np.flatnonzero(labels == c)
+        if len(idx) <= n:
+            keep.append(idx)
+        elif instances is not None and frames is not None:
+            idx = idx[np.lexsort((frames[idx], instances[idx]))]
+            keep.append(idx[np.linspace(0, len(idx) - 1, n).round().astype(np.int64)])
+        else:
+            keep.append(rng.choice(idx, size=n, replace=False))
+    return np.sort(np.concatenate(keep))
