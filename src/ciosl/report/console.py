@@ -61,15 +61,17 @@ def print_result(result: dict) -> None:
 
 
 def print_datasets(rows) -> None:
-    table = Table(title="datasets")
-    for col in ("name", "present", "orderings", "base", "classes/step", "buffer", "extractor",
-                "where / how to get"):
-        table.add_column(col)
-    for spec, present, where in rows:
-        table.add_row(spec.name, "yes" if present else "no", ", ".join(spec.orderings),
-                      f"{spec.base_fraction:g}", str(spec.classes_per_step), str(spec.buffer),
-                      spec.default_extractor, str(where) if present else spec.how_to_get)
+    table = Table(title="datasets", title_justify="left")
+    for col in ("name", "present", "orderings", "base", "classes/step", "buffer", "extractor"):
+        table.add_column(col, overflow="fold")
+    for spec, present, _ in rows:
+        table.add_row(spec.name, "[green]yes[/]" if present else "[red]no[/]",
+                      " ".join(spec.orderings), f"{spec.base_fraction:g}",
+                      str(spec.classes_per_step), str(spec.buffer), spec.default_extractor)
     console.print(table)
+    for spec, present, where in rows:
+        text = f"found in {where}" if present else spec.how_to_get
+        console.print(f"[bold]{spec.name}[/]: {text}", highlight=False)
 
 
 def print_methods(methods) -> None:

@@ -1,0 +1,297 @@
+"""Frozen feature extractors G(x) and the on-disk feature cache.
+
+Extractors:
+- ``pixels``: flattened pixels scaled to [0, 1], standardised per feature with the train split's
+  mean and std. A feature whose train std is below ``PIXEL_STD_FLOOR`` (constant on train, e.g.
+  digit borders) is only centred (divided by 1): dividing by a tiny std would blow up the few
+  test images that differ there.
+- ``mobilenet_v2``: ImageNet MobileNetV2 (frozen, eval mode), global average pool -> 1280-d.
+- ``none``: the dataset already holds features (``kind == "features"``); used as they are.
+
+Cache entries are ``.npz`` files named by ``FeatureSet.key`` (dataset fingerprint + extractor +
+weights id + format version). They are written atomically, carry a sha256 of their arrays and
+their metadata, and are verified on load; a damaged or stale entry is logged and rebuilt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from rich.console import Console
+from rich.progress import Progress
+
+from ciosl.data.mobilenet import load_mobilenet_v2, weights_id
+from ciosl.data.types import FeatureSet, ImageSource, RawDataset
+from ciosl.fileio import atomic_write_bytes, cache_root
+
+logger = logging.getLogger(__name__)
+
+EXTRACTORS = ("pixels", "mobilenet_v2")
+FORMAT_VERSION = 1
+PIXEL_STD_FLOOR = 1e-3
+IMAGE_SIZE = 224
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+_ARRAYS = ("train_z", "train_y", "test_z", "test_y", "train_instance", "train_frame")
+
+
+# ---------------------------------------------------------------------------- extractors
+
+
+def _batches(src: ImageSource, batch_size: int) -> Iterator[tuple[int, np.ndarray | list]]:
+    for start in range(0, len(src), batch_size):
+        yield start, src.get_batch(np.arange(start, min(len(src), start + batch_size)))
+
+
+def _pixels(src: ImageSource, batch_size: int = 4096) -> np.ndarray:
+    """Flattened pixels in [0, 1]; all images must share one shape."""
+    out: np.ndarray | None = None
+    for start, batch in _batches(src, batch_size):
+        if isinstance(batch, list):
+            if len({b.shape for b in batch}) > 1:
+                raise ValueError(
+                    "The 'pixels' extractor needs images of one size; this dataset's differ. "
+                    "Use the 'mobilenet_v2' extractor, which resizes every image to 224x224."
+                )
+            batch = np.stack(batch)
+        flat = batch.reshape(len(batch), -1).astype(np.float32) / 255.0  # (b, d)
+        if out is None:
+            out = np.empty((len(src), flat.shape[1]), np.float32)
+        elif flat.shape[1] != out.shape[1]:
+            raise ValueError("The 'pixels' extractor needs images of one size; use 'mobilenet_v2'.")
+        out[start : start + len(flat)] = flat
+    return out if out is not None else np.empty((0, 0), np.float32)
+
+
+def standardize(train: np.ndarray, test: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Standardise both splits with the train split's per-feature mean and std."""
+    mean = train.mean(0, dtype=np.float64)  # (d,)
+    std = train.std(0, dtype=np.float64)  # (d,)
+    std[std < PIXEL_STD_FLOOR] = 1.0  # constant on train: centre only
+    mean, std = mean.astype(np.float32), std.astype(np.float32)
+    return (train - mean) / std, (test - mean) / std
+
+
+def preprocess(batch: np.ndarray | list[np.ndarray]) -> torch.Tensor:
+    """uint8 (b, H, W[, 3]) or a list of (H, W[, 3]) -> normalised float (b, 3, 224, 224)."""
+    if isinstance(batch, np.ndarray):
+        return _preprocess_same_size(batch)
+    return torch.cat([_preprocess_same_size(img[None]) for img in batch])
+
+
+def _preprocess_same_size(batch: np.ndarray) -> torch.Tensor:
+    x = torch.from_numpy(np.ascontiguousarray(batch)).float().div_(255.0)
+    if x.ndim == 4 and x.shape[-1] == 1:
+        x = x[..., 0]
+    if x.ndim == 3:  # grayscale (b, H, W) -> (b, 3, H, W)
+        x = x[:, None].expand(-1, 3, -1, -1)
+    elif x.ndim == 4 and x.shape[-1] == 3:
+        x = x.permute(0, 3, 1, 2)  # (b, 3, H, W)
+    else:
+        raise ValueError(f"Expected images (b, H, W) or (b, H, W, 3), got {tuple(batch.shape)}.")
+    x = F.interpolate(
+        x, size=(IMAGE_SIZE, IMAGE_SIZE), mode="bilinear", antialias=True, align_corners=False
+    )  # (b, 3, 224, 224)
+    mean = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)
+    std = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
+    return (x - mean) / std
+
+
+def _mobilenet(
+    sources: dict[str, ImageSource], weights: str | Path | None, batch_size: int, progress: bool
+) -> dict[str, np.ndarray]:
+    console = Console(stderr=True)
+    show = progress and console.is_terminal  # no bar when not a TTY
+    model = load_mobilenet_v2(weights, progress=show)
+    out = {}
+    with Progress(console=console, disable=not show) as bar, torch.inference_mode():
+        for split, src in sources.items():
+            task = bar.add_task(f"MobileNetV2 {split}", total=len(src))
+            z = np.empty((len(src), model.classifier[1].in_features), np.float32)  # (n, 1280)
+            for start, batch in _batches(src, batch_size):
+                z[start : start + len(batch)] = model.embed(preprocess(batch)).numpy()
+                bar.advance(task, len(batch))
+            out[split] = z
+    return out
+
+
+def extract(
+    raw: RawDataset,
+    extractor: str,
+    *,
+    weights: str | Path | None = None,
+    batch_size: int = 64,
+    progress: bool = True,
+) -> FeatureSet:
+    """Run ``extractor`` over both splits of ``raw`` (no cache). ``key`` is ``cache_key(...)``."""
+    _check(raw, extractor)
+    if extractor == "none":
+        train_z, test_z = np.asarray(raw.train_x), np.asarray(raw.test_x)
+    elif extractor == "pixels":
+        train_z, test_z = _pixels(raw.train_x), _pixels(raw.test_x)  # (n, d), (m, d)
+        if train_z.shape[1] != test_z.shape[1]:
+            raise ValueError("Train and test images differ in size; use 'mobilenet_v2'.")
+        train_z, test_z = standardize(train_z, test_z)
+    else:
+        z = _mobilenet({"train": raw.train_x, "test": raw.test_x}, weights, batch_size, progress)
+        train_z, test_z = z["train"], z["test"]
+
+    def ints(a: np.ndarray | None) -> np.ndarray | None:
+        return None if a is None else np.ascontiguousarray(a, dtype=np.int64)
+
+    return FeatureSet(
+        dataset=raw.name,
+        extractor=extractor,
+        train_z=np.ascontiguousarray(train_z, dtype=np.float32),  # (n, d)
+        train_y=ints(raw.train_y),  # (n,)
+        test_z=np.ascontiguousarray(test_z, dtype=np.float32),  # (m, d)
+        test_y=ints(raw.test_y),  # (m,)
+        class_names=tuple(raw.class_names),
+        key=cache_key(raw, extractor, weights),
+        train_instance=ints(raw.train_instance),
+        train_frame=ints(raw.train_frame),
+    )
+
+
+def _check(raw: RawDataset, extractor: str) -> None:
+    if extractor not in (*EXTRACTORS, "none"):
+        raise ValueError(f"Unknown extractor {extractor!r}; choose one of {EXTRACTORS} or 'none'.")
+    if (raw.kind == "features") != (extractor == "none"):
+        fix = "use extractor 'none'" if raw.kind == "features" else f"choose one of {EXTRACTORS}"
+        raise ValueError(f"Dataset {raw.name!r} holds {raw.kind}; {fix}.")
+
+
+# ---------------------------------------------------------------------------- cache
+
+
+def cache_key(raw: RawDataset, extractor: str, weights: str | Path | None = None) -> str:
+    """``<dataset>-<extractor>-<hash>``; the hash covers fingerprint, extractor, weights, format."""
+    wid = weights_id(weights) if extractor == "mobilenet_v2" else "none"
+    fields = {
+        "format": FORMAT_VERSION,
+        "dataset": raw.name,
+        "fingerprint": raw.fingerprint,
+        "extractor": extractor,
+        "weights": wid,
+    }
+    digest = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
+    return f"{re.sub(r'[^A-Za-z0-9_.]+', '_', raw.name)}-{extractor}-{digest}"
+
+
+def default_cache_dir() -> Path:
+    return cache_root() / "features"
+
+
+def _sha(arrays: dict[str, np.ndarray], meta: dict) -> str:
+    """sha256 of the metadata and every array (name, dtype, shape, bytes)."""
+    h = hashlib.sha256(json.dumps(meta, sort_keys=True).encode())
+    for name in sorted(arrays):
+        a = arrays[name]
+        h.update(f"{name}:{a.dtype.str}:{a.shape};".encode())
+        h.update(np.ascontiguousarray(a).data)
+    return h.hexdigest()
+
+
+def save_features(fs: FeatureSet, path: Path) -> None:
+    """Write ``fs`` atomically: temp file in the same folder, fsync, ``os.replace``."""
+    arrays = {k: getattr(fs, k) for k in _ARRAYS if getattr(fs, k) is not None}
+    meta = {
+        "format": FORMAT_VERSION,
+        "key": fs.key,
+        "dataset": fs.dataset,
+        "extractor": fs.extractor,
+        "class_names": list(fs.class_names),
+        "shapes": {k: list(a.shape) for k, a in arrays.items()},
+    }
+    meta["sha256"] = _sha(arrays, meta)
+    buf = io.BytesIO()
+    np.savez(buf, meta=np.array(json.dumps(meta)), **arrays)
+    atomic_write_bytes(path, buf.getvalue())
+
+
+def load_features(path: Path, key: str) -> FeatureSet:
+    """Read and verify a cache entry; raises ``ValueError`` (or a zip/IO error) when bad."""
+    with np.load(path, allow_pickle=False) as npz:
+        meta = json.loads(str(npz["meta"]))
+        arrays = {k: npz[k] for k in _ARRAYS if k in npz.files}
+    sha = meta.pop("sha256", None)
+    if meta.get("format") != FORMAT_VERSION or meta.get("key") != key:
+        raise ValueError(f"stale entry (key {meta.get('key')!r}, format {meta.get('format')!r})")
+    if {k: list(a.shape) for k, a in arrays.items()} != meta["shapes"]:
+        raise ValueError("array shapes differ from the recorded ones")
+    if _sha(arrays, meta) != sha:
+        raise ValueError("sha256 mismatch")
+    return FeatureSet(
+        dataset=meta["dataset"],
+        extractor=meta["extractor"],
+        class_names=tuple(meta["class_names"]),
+        key=key,
+        **{k: arrays.get(k) for k in _ARRAYS},
+    )
+
+
+def get_features(
+    dataset: str | RawDataset,
+    extractor: str | None = None,
+    *,
+    weights: str | Path | None = None,
+    cache_dir: str | Path | None = None,
+    root=None,
+    progress: bool = True,
+    rebuild: bool = False,
+    download: bool = False,
+) -> FeatureSet:
+    """Features of ``dataset`` (a name or a loaded RawDataset), from the cache or extracted.
+
+    ``extractor=None`` takes the dataset's default (``get_spec(name).default_extractor``;
+    ``none`` for feature datasets). Datasets that already hold features are not cached.
+    """
+    if isinstance(dataset, str):
+        from ciosl.data.datasets import get_spec, load_dataset
+
+        raw = load_dataset(dataset, root=root, download=download)
+        extractor = extractor or get_spec(dataset).default_extractor
+    else:
+        raw = dataset
+    extractor = extractor or _default_extractor(raw)
+    _check(raw, extractor)
+    if extractor == "none":
+        return extract(raw, extractor)
+    key = cache_key(raw, extractor, weights)
+    path = Path(cache_dir or default_cache_dir()) / f"{key}.npz"
+    if path.exists() and not rebuild:
+        try:
+            return load_features(path, key)
+        except Exception as e:  # any damage (bad zip, truncation, checksum, stale): rebuild
+            logger.warning(
+                "Feature cache entry %s is unreadable (%s: %s); rebuilding it.",
+                path,
+                type(e).__name__,
+                e,
+            )
+    fs = extract(raw, extractor, weights=weights, progress=progress)
+    try:
+        save_features(fs, path)
+    except OSError as e:  # a read-only or full disk costs the cache, not the run
+        logger.warning("Could not write feature cache entry %s (%s).", path, e)
+    return fs
+
+
+def _default_extractor(raw: RawDataset) -> str:
+    if raw.kind == "features":
+        return "none"
+    try:
+        from ciosl.data.datasets import get_spec
+
+        return get_spec(raw.name).default_extractor
+    except (ImportError, KeyError, ValueError):  # a user dataset without a spec
+        return "mobilenet_v2"

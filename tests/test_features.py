@@ -1,0 +1,288 @@
+"""Frozen extractors (pixels, MobileNetV2) and the on-disk feature cache."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import urllib.error
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from ciosl.data import features
+from ciosl.data.features import cache_key, extract, get_features, preprocess
+from ciosl.data.mobilenet import MobileNetV2, WeightsError, load_mobilenet_v2
+from ciosl.data.types import ArrayImages, RawDataset
+
+
+def make_raw(
+    n: int = 40,
+    m: int = 10,
+    shape: tuple[int, ...] = (8, 8),
+    seed: int = 0,
+    fingerprint: str = "fp0",
+) -> RawDataset:
+    rng = np.random.default_rng(seed)
+    train = rng.integers(0, 256, (n, *shape), dtype=np.uint8)
+    train[:, 0, 0] = 7  # a constant feature
+    test = rng.integers(0, 256, (m, *shape), dtype=np.uint8)
+    return RawDataset(
+        name="toy",
+        kind="images",
+        train_x=ArrayImages(train),
+        train_y=rng.integers(0, 3, n).astype(np.int32),
+        test_x=ArrayImages(test),
+        test_y=rng.integers(0, 3, m),
+        class_names=("a", "b", "c"),
+        fingerprint=fingerprint,
+        train_instance=np.arange(n) // 5,
+        train_frame=np.arange(n) % 5,
+    )
+
+
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory) -> str:
+    """A randomly initialised (seeded) MobileNetV2 state_dict standing in for ImageNet's."""
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("w") / "mnv2.pth"
+    torch.save(MobileNetV2().state_dict(), path)
+    return str(path)
+
+
+# ---------------------------------------------------------------------------- MobileNetV2
+
+
+def test_parameter_count_matches_torchvision():
+    assert sum(p.numel() for p in MobileNetV2().parameters()) == 3_504_872
+
+
+def test_state_dict_keys_match_torchvision():
+    sd = MobileNetV2().state_dict()
+    known = {
+        "features.0.0.weight": (32, 3, 3, 3),
+        "features.0.1.running_var": (32,),
+        "features.0.1.num_batches_tracked": (),
+        "features.1.conv.0.0.weight": (32, 1, 3, 3),
+        "features.1.conv.1.weight": (16, 32, 1, 1),
+        "features.1.conv.2.bias": (16,),
+        "features.2.conv.0.0.weight": (96, 16, 1, 1),
+        "features.2.conv.1.0.weight": (96, 1, 3, 3),
+        "features.2.conv.2.weight": (24, 96, 1, 1),
+        "features.17.conv.3.running_mean": (320,),
+        "features.18.0.weight": (1280, 320, 1, 1),
+        "features.18.1.weight": (1280,),
+        "classifier.1.weight": (1000, 1280),
+        "classifier.1.bias": (1000,),
+    }
+    assert {k: tuple(sd[k].shape) for k in known} == known
+    assert len(sd) == 314
+
+
+def test_state_dict_round_trips_strict(weights):
+    model = load_mobilenet_v2(weights)
+    saved = torch.load(weights, weights_only=True)
+    assert all(torch.equal(v, saved[k]) for k, v in model.state_dict().items())
+    assert not model.training and not any(p.requires_grad for p in model.parameters())
+
+
+def test_wrong_weights_give_clear_error(tmp_path):
+    path = tmp_path / "bad.pth"
+    torch.save({"fc.weight": torch.zeros(2, 2)}, path)
+    with pytest.raises(WeightsError, match="not a torchvision mobilenet_v2 state_dict"):
+        load_mobilenet_v2(path)
+    with pytest.raises(WeightsError, match="314 missing keys"):
+        extract(make_raw(4, 2), "mobilenet_v2", weights=str(path), progress=False)
+
+
+def test_offline_error_mentions_weights_option(monkeypatch):
+    def offline(*args, **kwargs):
+        raise urllib.error.URLError("no route to host")
+
+    monkeypatch.setattr(torch.hub, "load_state_dict_from_url", offline)
+    with pytest.raises(WeightsError, match="--weights PATH") as info:
+        load_mobilenet_v2()
+    assert "could not download" in str(info.value).lower()
+
+
+# ---------------------------------------------------------------------------- extractors
+
+
+def test_pixels_standardized_with_train_stats():
+    raw = make_raw()
+    fs = extract(raw, "pixels")
+    assert fs.train_z.shape == (40, 64) and fs.test_z.shape == (10, 64)
+    assert fs.train_z.dtype == np.float32 and fs.train_z.flags.c_contiguous
+    assert fs.train_y.dtype == np.int64 and fs.train_instance.dtype == np.int64
+    np.testing.assert_allclose(fs.train_z.mean(0), 0, atol=1e-5)
+    np.testing.assert_allclose(fs.train_z.std(0)[1:], 1, atol=1e-4)
+    assert np.all(fs.train_z[:, 0] == 0)  # constant feature: centred, not blown up
+    x = raw.train_x.images.reshape(40, -1) / 255.0
+    xt = raw.test_x.images.reshape(10, -1) / 255.0
+    std = np.where(x.std(0) < 1e-3, 1.0, x.std(0))
+    np.testing.assert_allclose(fs.test_z, (xt - x.mean(0)) / std, atol=1e-4)
+
+
+class MixedSizes:
+    """An ImageSource whose images differ in size (returns lists)."""
+
+    def __init__(self, n: int):
+        self.imgs = [np.full((6 + i % 3, 7, 3), 10 * i, np.uint8) for i in range(n)]
+
+    def __len__(self) -> int:
+        return len(self.imgs)
+
+    def get_batch(self, idx):
+        return [self.imgs[i] for i in idx]
+
+
+def test_pixels_refuses_mixed_sizes():
+    raw = dataclasses.replace(make_raw(), train_x=MixedSizes(5))
+    with pytest.raises(ValueError, match="mobilenet_v2"):
+        extract(raw, "pixels")
+
+
+def test_preprocess_resizes_to_224_and_normalizes():
+    gray = np.full((2, 10, 12), 128, np.uint8)
+    x = preprocess(gray)
+    assert x.shape == (2, 3, 224, 224)
+    expected = (128 / 255 - torch.tensor(features.IMAGENET_MEAN)) / torch.tensor(
+        features.IMAGENET_STD
+    )
+    torch.testing.assert_close(x[0, :, 100, 100], expected)
+    assert preprocess(MixedSizes(3).get_batch([0, 1, 2])).shape == (3, 3, 224, 224)
+
+
+def test_mobilenet_features_shape_finite_deterministic(weights, monkeypatch):
+    seen = []
+    model = load_mobilenet_v2(weights)
+    model.features[0].register_forward_pre_hook(lambda mod, inp: seen.append(inp[0].shape))
+    monkeypatch.setattr(features, "load_mobilenet_v2", lambda *a, **k: model)
+    raw = make_raw(3, 2, shape=(16, 20, 3))
+    a = extract(raw, "mobilenet_v2", weights=weights, batch_size=2, progress=False)
+    b = extract(raw, "mobilenet_v2", weights=weights, batch_size=3, progress=False)
+    assert a.train_z.shape == (3, 1280) and a.test_z.shape == (2, 1280)
+    assert a.train_z.dtype == np.float32 and np.isfinite(a.train_z).all()
+    assert np.abs(a.train_z).sum() > 0
+    np.testing.assert_allclose(a.train_z, b.train_z, rtol=1e-5, atol=1e-6)
+    assert all(s[1:] == (3, 224, 224) for s in seen)
+    gray = extract(make_raw(2, 1, shape=(9, 9)), "mobilenet_v2", weights=weights, progress=False)
+    assert gray.train_z.shape == (2, 1280)
+
+
+# ---------------------------------------------------------------------------- cache
+
+
+@pytest.fixture
+def counted(monkeypatch) -> list[int]:
+    calls: list[int] = []
+    real = features.extract
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(features, "extract", counting)
+    return calls
+
+
+def assert_same(a, b) -> None:
+    assert a.key == b.key and a.class_names == b.class_names
+    for k in ("train_z", "train_y", "test_z", "test_y", "train_instance", "train_frame"):
+        np.testing.assert_array_equal(getattr(a, k), getattr(b, k))
+        assert getattr(a, k).dtype == getattr(b, k).dtype
+
+
+def test_cache_hit(tmp_path, counted):
+    raw = make_raw()
+    first = get_features(raw, "pixels", cache_dir=tmp_path)
+    second = get_features(raw, "pixels", cache_dir=tmp_path)
+    assert len(counted) == 1
+    assert_same(first, second)
+    assert [p.name for p in tmp_path.iterdir()] == [f"{first.key}.npz"]  # no temp files left
+    get_features(raw, "pixels", cache_dir=tmp_path, rebuild=True)
+    assert len(counted) == 2
+
+
+def truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def flip_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def edit_arrays(path: Path) -> None:  # a valid zip whose arrays fail the sha256
+    with np.load(path) as npz:
+        arrays = {k: npz[k] for k in npz.files}
+    arrays["train_z"] = arrays["train_z"] + 1
+    np.savez(path, **arrays)
+
+
+@pytest.mark.parametrize("damage", [truncate, flip_byte, edit_arrays])
+def test_damaged_cache_entry_is_rebuilt(tmp_path, counted, caplog, damage):
+    raw = make_raw()
+    first = get_features(raw, "pixels", cache_dir=tmp_path)
+    damage(tmp_path / f"{first.key}.npz")
+    with caplog.at_level(logging.WARNING, logger="ciosl.data.features"):
+        again = get_features(raw, "pixels", cache_dir=tmp_path)
+    assert len(counted) == 2 and "rebuilding" in caplog.text
+    assert_same(first, again)
+    assert_same(first, get_features(raw, "pixels", cache_dir=tmp_path))
+    assert len(counted) == 2
+
+
+def test_stale_entry_is_detected(tmp_path):
+    fs = get_features(make_raw(), "pixels", cache_dir=tmp_path)
+    with pytest.raises(ValueError, match="stale"):
+        features.load_features(tmp_path / f"{fs.key}.npz", "other-key")
+
+
+def test_key_depends_on_fingerprint_extractor_weights(tmp_path, weights):
+    raw = make_raw()
+    other = tmp_path / "other.pth"
+    other.write_bytes(b"x")
+    keys = {
+        cache_key(raw, "pixels"),
+        cache_key(dataclasses.replace(raw, fingerprint="fp1"), "pixels"),
+        cache_key(raw, "mobilenet_v2"),
+        cache_key(raw, "mobilenet_v2", weights),
+        cache_key(raw, "mobilenet_v2", str(other)),
+    }
+    assert len(keys) == 5
+    assert cache_key(raw, "pixels") == cache_key(make_raw(), "pixels")
+    assert get_features(raw, "pixels", cache_dir=tmp_path).key == cache_key(raw, "pixels")
+
+
+def test_feature_datasets_and_bad_extractors():
+    raw = make_raw()
+    z = RawDataset(
+        name="f",
+        kind="features",
+        train_x=np.ones((4, 3)),
+        train_y=np.zeros(4),
+        test_x=np.ones((2, 3)),
+        test_y=np.zeros(2),
+        class_names=("a",),
+        fingerprint="f",
+    )
+    fs = get_features(z)
+    assert fs.extractor == "none" and fs.train_z.dtype == np.float32 and fs.dim == 3
+    with pytest.raises(ValueError, match="Unknown extractor"):
+        extract(raw, "resnet")
+    with pytest.raises(ValueError, match="holds images"):
+        extract(raw, "none")
+
+
+def test_digits_end_to_end(tmp_path):
+    datasets = pytest.importorskip("ciosl.data.datasets")
+    try:
+        raw = datasets.load_dataset("digits")
+    except Exception as e:  # pragma: no cover - depends on the datasets module's state
+        pytest.skip(f"digits unavailable: {e}")
+    fs = get_features("digits", cache_dir=tmp_path, progress=False)  # default: pixels
+    assert fs.train_z.shape == (len(raw.train_y), 64) and fs.dataset == "digits"
+    assert fs.key == get_features("digits", "pixels", cache_dir=tmp_path).key
