@@ -271,7 +271,7 @@ def test_feature_datasets_and_bad_extractors():
     )
     fs = get_features(z)
     assert fs.extractor == "none" and fs.train_z.dtype == np.float32 and fs.dim == 3
-    with pytest.raises(ValueError, match="Unknown extractor"):
+    with pytest.raises(ValueError, match="unknown extractor .*valid choices"):
         extract(raw, "resnet")
     with pytest.raises(ValueError, match="holds images"):
         extract(raw, "none")

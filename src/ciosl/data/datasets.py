@@ -138,8 +138,8 @@ def get_spec(name: str) -> DatasetSpec:
                          _ALL if temporal else _IID, "none", 50, 128,
                          "a .npz with train_z, train_y, test_z, test_y")
     if name not in DATASETS:
-        raise ValueError(f"unknown dataset {name!r}; choose one of "
-                       f"{', '.join(DATASETS)} or {FEATURES_PREFIX}PATH")
+        raise ValueError(f"unknown dataset {name!r}; valid choices: "
+                         f"{', '.join(DATASETS)}, {FEATURES_PREFIX}PATH")
     return DATASETS[name]
 
 

@@ -164,9 +164,10 @@ def extract(
 
 def _check(raw: RawDataset, extractor: str) -> None:
     if extractor not in (*EXTRACTORS, "none"):
-        raise ValueError(f"Unknown extractor {extractor!r}; choose one of {EXTRACTORS} or 'none'.")
+        raise ValueError(
+            f"unknown extractor {extractor!r}; valid choices: {', '.join(EXTRACTORS)}, none")
     if (raw.kind == "features") != (extractor == "none"):
-        fix = "use extractor 'none'" if raw.kind == "features" else f"choose one of {EXTRACTORS}"
+        fix = "use extractor 'none'" if raw.kind == "features" else f"valid choices: {', '.join(EXTRACTORS)}"
         raise ValueError(f"Dataset {raw.name!r} holds {raw.kind}; {fix}.")
 
 

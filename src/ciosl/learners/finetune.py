@@ -1,0 +1,82 @@
+"""Fine-tune: the paper's lower bound.
+
+The shared MLP head (hidden [256, 256], ReLU) trained on the stream one sample at a time, one
+SGD step (momentum, weight decay) per sample on that sample's cross-entropy, nothing else.
+``fit_base`` trains offline for ``base_epochs`` epochs of shuffled ``base_batch_size``
+mini-batches with the same optimizer, and its momentum buffers carry on into the stream (the
+stream continues the same SGD trajectory rather than restarting it). A new class adds one
+output unit with torch.nn.Linear's init and a zero momentum buffer; no learned weight moves.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ciosl.learners.base import Learner, register
+from ciosl.learners.head import HIDDEN, MLP, SGD
+
+
+@register
+class FineTune(Learner):
+    name = "finetune"
+    description = "MLP head trained one sample at a time with plain SGD (lower bound)"
+    help = {
+        "lr": "SGD learning rate",
+        "momentum": "SGD momentum (buffers carry on from fit_base into the stream)",
+        "weight_decay": "L2 weight decay added to the gradient",
+        "base_epochs": "epochs of offline training in fit_base",
+        "base_batch_size": "mini-batch size in fit_base",
+        "seed": "seed of the weight init and the base-init shuffling",
+    }
+
+    def __init__(self, *, lr: float = 0.01, momentum: float = 0.9, weight_decay: float = 1e-5,
+                 base_epochs: int = 20, base_batch_size: int = 16, seed: int = 0):
+        self.lr = lr
+        self.momentum = momentum
+        self.weight_decay = weight_decay
+        self.base_epochs = base_epochs
+        self.base_batch_size = base_batch_size
+        super().__init__(seed=seed)
+
+    def _check_settings(self) -> None:
+        super()._check_settings()
+        if self.lr <= 0 or self.base_batch_size < 1 or self.base_epochs < 0:
+            raise ValueError(f"{self.name}: need lr > 0, base_batch_size >= 1, base_epochs >= 0")
+
+    def _init_state(self, dim: int) -> None:
+        self.net = MLP(dim, 0, HIDDEN, generator=self.torch_rng)  # output grows per class
+        self.opt = SGD(self.net.params, lr=self.lr, momentum=self.momentum,
+                       weight_decay=self.weight_decay)
+
+    def _add_class(self) -> None:
+        self.net.grow(1, self.torch_rng)
+
+    def _step(self, X: torch.Tensor, Y: torch.Tensor) -> None:
+        F.cross_entropy(self.net(X), Y).backward()
+        self.opt.step(self.net.params)
+
+    def _fit_base(self, Z: np.ndarray, yi: np.ndarray) -> None:
+        X = torch.from_numpy(np.ascontiguousarray(Z))  # (n, d) float32
+        Y = torch.from_numpy(yi)  # (n,) int64
+        for _ in range(self.base_epochs):
+            perm = torch.randperm(len(X), generator=self.torch_rng)
+            for s in range(0, len(X), self.base_batch_size):
+                idx = perm[s:s + self.base_batch_size]
+                self._step(X[idx], Y[idx])
+
+    def _learn_one(self, z: np.ndarray, yi: int) -> None:
+        self._step(torch.from_numpy(z)[None], torch.tensor([yi]))  # (1, d), (1,)
+
+    def _predict_proba(self, Z: np.ndarray) -> np.ndarray:
+        return self.net.predict_proba(Z)  # (n, n_seen), under torch.no_grad
+
+    def _state(self) -> dict[str, Any]:
+        return {"params": self.net.state(), "momentum": self.opt.state()}
+
+    def _load_state(self, state: dict[str, Any]) -> None:
+        self.net.load(state["params"])
+        self.opt.load(state["momentum"])

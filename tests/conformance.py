@@ -1,0 +1,250 @@
+"""The learner conformance suite (river's ``check_estimator``, scikit-learn's
+``parametrize_with_checks``): every registered learner, with its default settings and with each
+extra settings dict in its optional class attribute ``conformance_settings``, passes every check
+in ``CHECKS``. ``tests/test_conformance.py`` parametrizes them; a learner added later is checked
+automatically. Data are small Gaussian blobs so a learner's whole suite takes a few seconds.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+import torch
+
+from ciosl.learners.base import Learner, available_methods
+
+DIM, N_CLASSES = 20, 5
+INT_LABELS = [7, 3, 11, 0, 5]  # not 0..K-1, so a learner cannot confuse labels and indices
+STR_LABELS = ["cat", "dog", "emu", "fox", "gnu"]
+_CENTERS = np.random.default_rng(1234).normal(0.0, 3.0, (N_CLASSES, DIM))  # well separated
+_BASE_ATTRS = {"classes_", "_class_index", "dim_", "n_seen_", "rng", "torch_rng"}
+
+
+def cases() -> list[tuple[type[Learner], dict]]:
+    """(learner class, settings) for every registered method and its extra settings."""
+    out = []
+    for cls in available_methods().values():
+        for settings in [{}, *getattr(cls, "conformance_settings", [])]:
+            out.append((cls, dict(settings)))
+    return out
+
+
+def case_id(case: tuple[type[Learner], dict]) -> str:
+    cls, settings = case
+    return "-".join([cls.name, *(f"{k}={v}" for k, v in settings.items())])
+
+
+# ---------------------------------------------------------------------------- data
+def blobs(classes: list[int], n_per_class: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Shuffled samples of the given class indices: Z (n, DIM) float32, yi (n,) int64."""
+    rng = np.random.default_rng(seed)
+    yi = rng.permutation(np.repeat(np.asarray(classes), n_per_class))
+    Z = _CENTERS[yi] + rng.normal(0.0, 1.0, (len(yi), DIM))
+    return Z.astype(np.float32), yi
+
+
+def class_stream(seed: int = 0, n_base: int = 15, n_step: int = 10):
+    """Base init on classes 0, 1; the stream then brings classes 2, 3, 4, one after another."""
+    Zb, yb = blobs([0, 1], n_base, seed)
+    steps = [blobs([k], n_step, seed + 1 + k) for k in (2, 3, 4)]
+    return Zb, yb, np.concatenate([s[0] for s in steps]), np.concatenate([s[1] for s in steps])
+
+
+def revisit_stream(seed: int = 0, n_base: int = 15, n_new: int = 12, n_old: int = 4):
+    """As ``class_stream``, but each step also revisits the classes seen before it."""
+    Zb, yb = blobs([0, 1], n_base, seed)
+    Zs, ys = [], []
+    for k in (2, 3, 4):
+        Zn, yn = blobs([k], n_new, seed + 1 + k)
+        Zo, yo = blobs(list(range(k)), n_old, seed + 10 + k)
+        order = np.random.default_rng(seed + k).permutation(len(yn) + len(yo))
+        Zs.append(np.concatenate([Zn, Zo])[order])
+        ys.append(np.concatenate([yn, yo])[order])
+    return Zb, yb, np.concatenate(Zs), np.concatenate(ys)
+
+
+def held_out(seed: int = 99, n: int = 20) -> tuple[np.ndarray, np.ndarray]:
+    return blobs(list(range(N_CLASSES)), n, seed)
+
+
+def learn(learner: Learner, Z: np.ndarray, yi: np.ndarray, labels=INT_LABELS,
+          after: Callable[[], None] | None = None) -> Learner:
+    for z, k in zip(Z, yi, strict=True):
+        learner.learn_one(z, labels[k])
+        if after is not None:
+            after()
+    return learner
+
+
+def fitted(cls, settings, labels=INT_LABELS, stream=class_stream) -> Learner:
+    Zb, yb, Zs, ys = stream()
+    learner = cls(**settings).fit_base(Zb, [labels[k] for k in yb])
+    return learn(learner, Zs, ys, labels)
+
+
+# ---------------------------------------------------------------------------- checks
+def check_constructor(cls, settings) -> None:
+    """(1) The constructor stores its settings only; clone() is an unfitted twin."""
+    learner = cls(**settings)
+    params = learner.get_params()
+    assert list(params) == [s.name for s in cls.settings()]
+    assert {k: params[k] for k in settings} == settings
+    assert cls(**params).get_params() == params
+    extra = set(vars(learner)) - set(params) - _BASE_ATTRS
+    assert not extra, f"the constructor of {cls.name} builds state: {sorted(extra)}"
+    for twin in (learner.clone(), fitted(cls, settings).clone()):
+        assert type(twin) is cls and twin.get_params() == params
+        assert twin.classes_ == [] and twin.dim_ is None and twin.n_seen_ == 0
+        with pytest.raises(RuntimeError):
+            twin.predict_proba(np.zeros((1, DIM)))
+
+
+def check_emerging_classes(cls, settings) -> None:
+    """(2) New labels are accepted at any time; the output grows; classes_ in order seen."""
+    Zb, yb, Zs, ys = class_stream()
+    Zt, yt = held_out()
+    for labels in (INT_LABELS, STR_LABELS):
+        learner = cls(**settings).fit_base(Zb, [labels[k] for k in yb])
+        assert learner.classes_ == labels[:2]
+        assert learner.predict_proba(Zt).shape == (len(Zt), 2)
+        for z, k in zip(Zs, ys, strict=True):
+            learner.learn_one(z, labels[k])
+            assert learner.classes_ == labels[:k + 1]
+            assert learner.predict_proba(Zt[:3]).shape == (3, k + 1)
+        pred = learner.predict(Zt)
+        assert set(pred.tolist()) <= set(labels)
+        assert isinstance(pred[0].item(), type(labels[0]))
+        newest = yt == N_CLASSES - 1  # every learner must at least learn the newest class
+        assert np.mean(pred[newest] == labels[-1]) > 0.6
+        assert learner.n_seen_ == len(yb) + len(ys)
+
+
+def check_probabilities(cls, settings) -> None:
+    """(3) Probabilities are finite, >= 0 and sum to 1, also for far-away inputs."""
+    learner = fitted(cls, settings)
+    Zt, _ = held_out()
+    for Z in (Zt, Zt * 1e3, np.zeros((2, DIM))):
+        P = learner.predict_proba(Z)
+        assert P.shape == (len(Z), N_CLASSES) and P.dtype == np.float64
+        assert np.isfinite(P).all() and (P >= 0).all()
+        np.testing.assert_allclose(P.sum(axis=1), 1.0, atol=1e-5)
+
+
+def check_predict_is_argmax(cls, settings) -> None:
+    """(4) predict == classes_[argmax predict_proba]."""
+    learner = fitted(cls, settings, STR_LABELS)
+    Zt, _ = held_out()
+    expected = np.asarray(learner.classes_)[learner.predict_proba(Zt).argmax(axis=1)]
+    np.testing.assert_array_equal(learner.predict(Zt), expected)
+
+
+def check_same_seed(cls, settings) -> None:
+    """(5) The same seed and stream give identical probabilities."""
+    Zt, _ = held_out()
+    a, b = fitted(cls, settings), fitted(cls, settings)
+    np.testing.assert_array_equal(a.predict_proba(Zt), b.predict_proba(Zt))
+
+
+def check_state_round_trip(cls, settings) -> None:
+    """(6) state_dict -> torch.save -> torch.load(weights_only=True) -> load_state_dict gives
+    identical predictions and identical continued learning; state_dict is a snapshot."""
+    Zb, yb, Zs, ys = class_stream()
+    Zt, _ = held_out()
+    half = int(np.flatnonzero(ys == 3)[0])  # snapshot before classes 3 and 4 appear
+    learner = learn(cls(**settings).fit_base(Zb, [INT_LABELS[k] for k in yb]), Zs[:half],
+                    ys[:half])
+    assert isinstance(learner.memory_bytes(), int) and learner.memory_bytes() > 0
+    sd = learner.state_dict()
+    buf = io.BytesIO()
+    torch.save(sd, buf)  # no numpy arrays or custom objects in a state
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=True)
+    P_snap = learner.predict_proba(Zt)
+    learn(learner, Zs[half:], ys[half:])  # the original goes on; sd must not follow it
+    restored = learner.clone().load_state_dict(loaded)
+    from_memory = learner.clone().load_state_dict(sd)
+    assert restored.classes_ == from_memory.classes_ == INT_LABELS[:3]
+    np.testing.assert_array_equal(restored.predict_proba(Zt), P_snap)
+    np.testing.assert_array_equal(from_memory.predict_proba(Zt), P_snap)
+    learn(restored, Zs[half:], ys[half:])
+    assert restored.classes_ == learner.classes_
+    np.testing.assert_array_equal(restored.predict_proba(Zt), learner.predict_proba(Zt))
+
+
+def check_memory_capacity(cls, settings) -> None:
+    """(7) A learner with a replay ``buffer`` never holds more than ``buffer`` samples.
+    Learners without a ``buffer`` setting have nothing to check."""
+    probe = cls(**settings)
+    if not hasattr(probe, "buffer"):
+        return
+    assert callable(getattr(probe, "memory_size", None)), "a buffer needs memory_size()"
+    if "buffer" not in settings:  # small enough that the stream overflows it
+        settings = {**settings, "buffer": max(getattr(probe, "n_replay", 1), 10)}
+    learner = cls(**settings)
+    capacity = learner.buffer
+    Zb, yb, Zs, ys = class_stream()
+    learner.fit_base(Zb, [INT_LABELS[k] for k in yb])
+    assert learner.memory_size() <= capacity
+
+    def within() -> None:
+        assert 0 <= learner.memory_size() <= capacity
+
+    learn(learner, Zs, ys, after=within)
+
+
+def check_above_chance(cls, settings) -> None:
+    """(8) Well above chance (0.2) on separable blobs: classes emerge one after another and
+    the stream keeps revisiting earlier ones (forgetting is measured by the benchmarks, not
+    here: plain fine-tuning forgets a strictly class-incremental stream by design)."""
+    learner = fitted(cls, settings, stream=revisit_stream)
+    Zt, yt = held_out()
+    assert learner.score(Zt, np.asarray(INT_LABELS)[yt]) > 0.6
+
+
+def check_bad_input(cls, settings) -> None:
+    """(9) Bad input raises a clear error and leaves the learner unchanged."""
+    learner = fitted(cls, settings)
+    Zt, _ = held_out()
+    P0, classes, n_seen = learner.predict_proba(Zt), list(learner.classes_), learner.n_seen_
+    Z_nan = Zt[:6].copy()
+    Z_nan[4, 2] = np.nan
+    with pytest.raises(ValueError, match="position 4"):
+        learner.predict_proba(Z_nan)
+    with pytest.raises(ValueError, match="position 0"):
+        learner.learn_one(Z_nan[4], "new")
+    with pytest.raises(ValueError, match="width"):
+        learner.learn_one(np.zeros(DIM + 1), INT_LABELS[0])
+    with pytest.raises(ValueError, match="width"):
+        learner.predict_proba(np.zeros((2, DIM - 1)))
+    with pytest.raises(TypeError, match="labels"):
+        learner.learn_one(Zt[0], 1.5)
+    with pytest.raises(ValueError, match="one sample"):
+        learner.learn_one(Zt[:2], INT_LABELS[0])
+    np.testing.assert_array_equal(learner.predict_proba(Zt), P0)
+    assert learner.classes_ == classes and learner.n_seen_ == n_seen
+    fresh = cls(**settings)
+    with pytest.raises(ValueError, match="position 4"):
+        fresh.fit_base(Z_nan, [0, 1, 0, 1, 0, 1])
+    assert fresh.classes_ == [] and fresh.dim_ is None
+    with pytest.raises(TypeError) as err:
+        cls(**settings, no_such_setting=1)
+    for s in cls.settings():
+        assert s.name in str(err.value)
+
+
+def check_metadata(cls, settings) -> None:
+    """(10) Registry name, single-pass flag, description and one help line per setting."""
+    assert available_methods()[cls.name] is cls
+    assert isinstance(cls.violates_single_pass, bool)
+    assert cls.description
+    missing = {s.name for s in cls.settings()} - set(cls.help)
+    assert not missing, f"{cls.name}: no help line for {sorted(missing)}"
+    assert set(cls.choices) <= {s.name for s in cls.settings()}
+
+
+CHECKS = [check_constructor, check_emerging_classes, check_probabilities,
+          check_predict_is_argmax, check_same_seed, check_state_round_trip,
+          check_memory_capacity, check_above_chance, check_bad_input, check_metadata]
