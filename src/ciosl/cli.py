@@ -12,7 +12,7 @@ def _seeds(text: str) -> list[int]:
     try:
         return [int(s) for s in text.split(",") if s.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--seeds expects integers like 0,1,2, got {text!r}")
+        raise argparse.ArgumentTypeError(f"--seeds expects integers like 0,1,2, got {text!r}") from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -79,7 +79,11 @@ def main(argv: list[str] | None = None) -> int:
                 cache_dir=f"{args.cache}/features" if args.cache else None,
                 root=args.data, download=args.download, rebuild=args.rebuild))
         elif args.command == "run":
-            from ciosl.evaluation.experiment import ExperimentSpec, parse_assignments, run_experiment
+            from ciosl.evaluation.experiment import (
+                ExperimentSpec,
+                parse_assignments,
+                run_experiment,
+            )
 
             seeds = args.seeds if args.seeds is not None else list(range(args.runs or 3))
             exp = ExperimentSpec(
