@@ -143,3 +143,13 @@ def test_cli_lists_datasets_and_methods(capsys):
     assert main(["methods"]) == 0
     text = capsys.readouterr().out
     assert "slda" in text and "shrinkage" in text
+
+
+def test_cli_features_builds_the_cache(tmp_path, capsys):
+    args = ["features", "--dataset", "digits", "--extractor", "pixels", "--cache", str(tmp_path)]
+    assert main(args) == 0
+    assert "(1437, 64)" in capsys.readouterr().out
+    entries = list((tmp_path / "features").glob("*.npz"))
+    assert len(entries) == 1
+    assert main(["features", "--dataset", "digits", "--extractor", "resnet"]) == 2
+    assert "valid choices" in capsys.readouterr().err

@@ -27,6 +27,7 @@ from ciosl.learners.head import train_offline
 
 OFFLINE_VERSION = 1
 Progress = Callable[[int], None]  # called with the number of samples just learned
+PROGRESS_EVERY = 500
 
 
 @dataclass(frozen=True)
@@ -91,12 +92,14 @@ def run_stream(learner: Learner, fs: FeatureSet, ordering: Ordering, *,
     acc, n_test, memory = [], [], []
     learn_seconds, pos = 0.0, 0
     for t, end in enumerate(ordering.events):
-        t0 = time.perf_counter()
-        for i in ordering.stream[pos:end]:
-            learner.learn_one(Z[i], y[i])
-        learn_seconds += time.perf_counter() - t0
-        if progress is not None and end > pos:
-            progress(int(end - pos))
+        for lo in range(pos, int(end), PROGRESS_EVERY):
+            hi = min(int(end), lo + PROGRESS_EVERY)
+            t0 = time.perf_counter()
+            for i in ordering.stream[lo:hi]:
+                learner.learn_one(Z[i], y[i])
+            learn_seconds += time.perf_counter() - t0
+            if progress is not None:
+                progress(hi - lo)
         pos = int(end)
         mask = ordering.test_mask(fs.test_y, t)
         with torch.no_grad():

@@ -75,12 +75,18 @@ def print_datasets(rows) -> None:
 
 
 def print_methods(methods) -> None:
+    table = Table(title="methods (set with --set NAME=VALUE)", title_justify="left")
+    for col in ("method", "setting", "default", "meaning"):
+        table.add_column(col, overflow="fold")
     for name, cls in methods.items():
-        flag = "  [red](violates single pass)[/]" if cls.violates_single_pass else ""
-        console.print(f"[bold]{name}[/]{flag}: {cls.description}")
-        for s in cls.settings():
+        flag = " [red](violates single pass)[/]" if cls.violates_single_pass else ""
+        table.add_row(f"[bold]{name}[/]{flag}", "", "", cls.description, end_section=False)
+        settings = [s for s in cls.settings() if s.name != "seed"]
+        for i, s in enumerate(settings):
             choices = f" (one of {', '.join(map(str, s.choices))})" if s.choices else ""
-            console.print(f"    {s.name} = {s.default!r}{choices}  {s.help}")
+            table.add_row("", s.name, repr(s.default), s.help + choices,
+                          end_section=i == len(settings) - 1)
+    console.print(table)
 
 
 def print_features(fs) -> None:
