@@ -1,0 +1,283 @@
+"""Replay memory: fixed-capacity storage, replacement policies and selection strategies.
+
+Paper sections 3.2-3.4. Each stored item keeps its feature ``z``, its label ``y``, the logits
+recorded for it (for distillation), how many of those logits were valid when recorded, and its
+online loss and uncertainty scores (refreshed whenever the item is replayed, section 3.4).
+
+Replacement when the memory is full (``offer``):
+
+- ``reservoir``: Vitter's algorithm R; every stream item is held with probability
+  capacity / n_offered.
+- ``lawrrr``: the reservoir condition decides whether to store; the victim is drawn with
+  probability proportional to ``class_count(y_i) / (loss_i + eps)``.
+- ``lawcbr``: always store; the victim comes from the class with the most items (ties: the
+  lowest class index), drawn with probability proportional to ``1 / (loss_i + eps)``.
+- ``class_balanced_random`` (REMIND): always store; the victim is uniform in the largest class
+  (ties: the lowest class index).
+
+Selection (``select``): ``uniform`` without replacement; ``uapn`` / ``lapn`` the n//2 items of
+highest and the n - n//2 of lowest uncertainty / loss. Ties follow the total order
+(score, slot): among equal scores the highest slots count as "highest" and the lowest slots as
+"lowest", so both halves are always disjoint and the result is deterministic.
+
+All randomness comes from the ``rng`` argument (the learner's generator). Storage is torch
+(CPU, preallocated); the scoring works on zero-copy numpy views of it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+REPLACEMENTS = ("reservoir", "lawrrr", "lawcbr", "class_balanced_random")
+SELECTIONS = ("uniform", "uapn", "lapn")
+EPS = 1e-8  # added to losses in the 1/loss weights, so a zero loss is fine
+
+
+def _weighted_index(w: np.ndarray, rng: np.random.Generator) -> int:
+    """One index drawn with probability proportional to the non-negative weights ``w``."""
+    c = np.cumsum(w, dtype=np.float64)
+    total = c[-1]
+    if not (np.isfinite(total) and total > 0):  # all weights 0 (infinite losses): uniform
+        return int(rng.integers(len(w)))
+    return min(int(np.searchsorted(c, rng.random() * total, side="right")), len(w) - 1)
+
+
+def _extreme(v: np.ndarray, k: int, *, largest: bool) -> np.ndarray:
+    """Indices of the k largest (or smallest) of ``v`` in the total order (value, index)."""
+    if k <= 0:
+        return np.empty(0, dtype=np.int64)
+    m = len(v)
+    kth = np.partition(v, m - k if largest else k - 1)[m - k if largest else k - 1]
+    strict = np.flatnonzero(v > kth if largest else v < kth)
+    ties = np.flatnonzero(v == kth)
+    need = k - len(strict)
+    ties = ties[len(ties) - need:] if largest else ties[:need]
+    return np.concatenate([strict, ties]).astype(np.int64, copy=False)
+
+
+class ReplayMemory:
+    """Fixed-capacity replay buffer with per-item logits, loss and uncertainty."""
+
+    def __init__(self, capacity: int, dim: int, *, replacement: str = "reservoir"):
+        if int(capacity) < 1:
+            raise ValueError(f"memory capacity must be >= 1, got {capacity}")
+        if int(dim) < 1:
+            raise ValueError(f"memory feature width must be >= 1, got {dim}")
+        if replacement not in REPLACEMENTS:
+            raise ValueError(
+                f"unknown replacement policy {replacement!r}; valid choices: "
+                f"{', '.join(REPLACEMENTS)}"
+            )
+        self.capacity = int(capacity)
+        self.dim = int(dim)
+        self.replacement = replacement
+        self._allocate(0)
+
+    def _allocate(self, width: int) -> None:
+        cap = self.capacity
+        self.z = torch.zeros(cap, self.dim)  # (C, d)
+        self.y = torch.zeros(cap, dtype=torch.int64)  # (C,)
+        self.logits = torch.zeros(cap, width)  # (C, width)
+        self.n_logits = torch.zeros(cap, dtype=torch.int64)  # (C,)
+        self.loss = torch.zeros(cap)  # (C,)
+        self.uncertainty = torch.zeros(cap)  # (C,)
+        self._counts = np.zeros(8, dtype=np.int64)  # (n_classes,) items per class, incremental
+        self._size = 0
+        self.n_offered = 0
+
+    # ------------------------------------------------------------------ sizes
+    def __len__(self) -> int:
+        return self._size
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    @property
+    def width(self) -> int:
+        """Number of logit columns currently stored."""
+        return self.logits.shape[1]
+
+    def nbytes(self) -> int:
+        """Bytes of the stored arrays (preallocated for the full capacity)."""
+        ts = (self.z, self.y, self.logits, self.n_logits, self.loss, self.uncertainty)
+        return sum(t.element_size() * t.nelement() for t in ts) + self._counts.nbytes
+
+    def class_counts(self) -> dict[int, int]:
+        """Items held per class (classes with at least one item)."""
+        nz = np.flatnonzero(self._counts)
+        return {int(c): int(self._counts[c]) for c in nz}
+
+    def grow_logits(self, n_classes: int) -> None:
+        """Widen the logits storage to ``n_classes`` columns (zeros); existing values kept."""
+        if n_classes > self.width:
+            new = torch.zeros(self.capacity, n_classes)  # (C, n_classes)
+            new[:, : self.width] = self.logits
+            self.logits = new
+
+    # ------------------------------------------------------------------ storing
+    def offer(self, z: Any, y: int, *, logits: Any, loss: float, uncertainty: float,
+              rng: np.random.Generator) -> int | None:
+        """One stream item arrives; returns the slot written, or None if it was not stored."""
+        z = torch.as_tensor(z, dtype=torch.float32).reshape(-1)  # (d,)
+        if z.numel() != self.dim:
+            raise ValueError(f"memory: feature width {z.numel()} differs from {self.dim}")
+        y = int(y)
+        if y < 0:
+            raise ValueError(f"memory: class index must be >= 0, got {y}")
+        loss, uncertainty = float(loss), float(uncertainty)
+        if not loss >= 0 or uncertainty != uncertainty:  # negative or NaN
+            raise ValueError(f"memory: loss must be >= 0 and scores not NaN, got "
+                             f"loss={loss}, uncertainty={uncertainty}")
+        self.n_offered += 1
+        if self._size < self.capacity:
+            slot = self._size
+            self._size += 1
+        else:
+            slot = self._victim(rng)
+            if slot is None:
+                return None
+            self._counts[int(self.y[slot])] -= 1
+        self._write(slot, z, y, logits, loss, uncertainty)
+        return slot
+
+    def _victim(self, rng: np.random.Generator) -> int | None:
+        """The slot to overwrite when full (None: do not store), per the replacement policy."""
+        if self.replacement in ("reservoir", "lawrrr"):
+            j = int(rng.integers(self.n_offered))
+            if j >= self.capacity:
+                return None
+            if self.replacement == "reservoir":
+                return j
+            y = self.y.numpy()
+            w = self._counts[y] / (self.loss.numpy().astype(np.float64) + EPS)  # (C,)
+            return _weighted_index(w, rng)
+        largest = int(np.argmax(self._counts))  # ties: the lowest class index
+        members = np.flatnonzero(self.y.numpy() == largest)  # full: the prefix is everything
+        if self.replacement == "class_balanced_random":
+            return int(members[rng.integers(len(members))])
+        w = 1.0 / (self.loss.numpy()[members].astype(np.float64) + EPS)  # lawcbr
+        return int(members[_weighted_index(w, rng)])
+
+    def _write(self, slot: int, z: torch.Tensor, y: int, logits: Any, loss: float,
+               uncertainty: float) -> None:
+        h = torch.as_tensor(logits, dtype=torch.float32).detach().reshape(-1)  # (c,)
+        self.grow_logits(h.numel())
+        self.z[slot] = z
+        self.y[slot] = y
+        self.logits[slot].zero_()
+        self.logits[slot, : h.numel()] = h
+        self.n_logits[slot] = h.numel()
+        self.loss[slot] = loss
+        self.uncertainty[slot] = uncertainty
+        if y >= len(self._counts):
+            self._counts = np.concatenate(
+                [self._counts, np.zeros(max(y + 1, 2 * len(self._counts)) - len(self._counts),
+                                        dtype=np.int64)])
+        self._counts[y] += 1
+
+    # ------------------------------------------------------------------ selecting
+    def select(self, n: int, strategy: str, rng: np.random.Generator) -> np.ndarray:
+        """(min(n, size),) distinct slots to replay, chosen by ``strategy``."""
+        if strategy not in SELECTIONS:
+            raise ValueError(
+                f"unknown selection strategy {strategy!r}; valid choices: {', '.join(SELECTIONS)}"
+            )
+        if n < 0:
+            raise ValueError(f"memory: cannot select {n} items")
+        if strategy == "uniform":
+            return self.sample_uniform(n, rng)
+        if self._size <= n:
+            return np.arange(self._size, dtype=np.int64)
+        score = (self.uncertainty if strategy == "uapn" else self.loss).numpy()[: self._size]
+        hi = _extreme(score, n // 2, largest=True)
+        lo = _extreme(score, n - n // 2, largest=False)
+        return np.concatenate([hi, lo])
+
+    def sample_uniform(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        """(min(n, size),) distinct slots uniformly without replacement (distillation, N2')."""
+        if n < 0:
+            raise ValueError(f"memory: cannot sample {n} items")
+        k = min(n, self._size)
+        return rng.choice(self._size, size=k, replace=False).astype(np.int64, copy=False)
+
+    # ------------------------------------------------------------------ reading / updating
+    def _slots(self, slots: Any) -> torch.Tensor:
+        s = torch.as_tensor(np.asarray(slots, dtype=np.int64)).reshape(-1)  # (k,)
+        if len(s) and (int(s.min()) < 0 or int(s.max()) >= self._size):
+            raise IndexError(f"memory: slots must be in [0, {self._size}), got {s.tolist()}")
+        return s
+
+    def batch(self, slots: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """(z[slots] (k, d), y[slots] (k,)), copies."""
+        s = self._slots(slots)
+        return self.z[s], self.y[s]
+
+    def distill_targets(self, slots: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logits[slots] (k, width), mask (k, width) bool: column < n_logits[slot])."""
+        s = self._slots(slots)
+        mask = torch.arange(self.width)[None, :] < self.n_logits[s][:, None]  # (k, width)
+        return self.logits[s], mask
+
+    def update(self, slots: Any, *, logits: torch.Tensor | None = None,
+               loss: torch.Tensor | None = None,
+               uncertainty: torch.Tensor | None = None) -> None:
+        """Online refresh of replayed items (paper 3.4); only ``slots`` change."""
+        s = self._slots(slots)
+        if logits is not None:
+            h = torch.as_tensor(logits, dtype=torch.float32).detach()  # (k, c)
+            if h.ndim != 2 or h.shape[0] != len(s):
+                raise ValueError(f"memory.update: logits must be ({len(s)}, c), got "
+                                 f"{tuple(h.shape)}")
+            c = h.shape[1]
+            self.grow_logits(c)
+            self.logits[s] = torch.nn.functional.pad(h, (0, self.width - c))
+            self.n_logits[s] = c
+        for name, v in (("loss", loss), ("uncertainty", uncertainty)):
+            if v is None:
+                continue
+            v = torch.as_tensor(v, dtype=torch.float32).detach().reshape(-1)  # (k,)
+            if v.shape[0] != len(s):
+                raise ValueError(f"memory.update: {name} must have {len(s)} values")
+            if torch.isnan(v).any() or (name == "loss" and (v < 0).any()):
+                raise ValueError(f"memory.update: {name} has NaN or negative values")
+            getattr(self, name)[s] = v
+
+    # ------------------------------------------------------------------ state
+    def state(self) -> dict[str, Any]:
+        """Torch tensors and plain values only (torch.load(weights_only=True)); filled prefix."""
+        n = self._size
+        return {
+            "capacity": self.capacity, "dim": self.dim, "replacement": self.replacement,
+            "size": n, "n_offered": self.n_offered, "width": self.width,
+            "z": self.z[:n].clone(), "y": self.y[:n].clone(), "logits": self.logits[:n].clone(),
+            "n_logits": self.n_logits[:n].clone(), "loss": self.loss[:n].clone(),
+            "uncertainty": self.uncertainty[:n].clone(),
+        }
+
+    def load(self, state: dict[str, Any]) -> None:
+        """Restore a ``state()`` (capacity, width and policy included)."""
+        if state["replacement"] not in REPLACEMENTS:
+            raise ValueError(f"unknown replacement policy {state['replacement']!r}")
+        self.capacity, self.dim = int(state["capacity"]), int(state["dim"])
+        self.replacement = state["replacement"]
+        self._allocate(int(state["width"]))
+        n = int(state["size"])
+        for name in ("z", "y", "logits", "n_logits", "loss", "uncertainty"):
+            getattr(self, name)[:n] = state[name]
+        self._size, self.n_offered = n, int(state["n_offered"])
+        counts = np.bincount(self.y[:n].numpy(), minlength=8).astype(np.int64)
+        self._counts = counts  # (n_classes,)
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> ReplayMemory:
+        mem = cls(int(state["capacity"]), int(state["dim"]), replacement=state["replacement"])
+        mem.load(state)
+        return mem
+
+    def __repr__(self) -> str:
+        return (f"ReplayMemory(capacity={self.capacity}, dim={self.dim}, "
+                f"replacement={self.replacement!r}, size={self._size})")
