@@ -43,6 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
                      "~/.cache/ciosl)")
     run.add_argument("--data", default=None, help="dataset folder (overrides the search path)")
     run.add_argument("--quiet", action="store_true", help="no per-event tables")
+    run.add_argument("--threads", type=int, default=1, help="torch threads (default 1: "
+                     "one-sample steps are fastest single-threaded; run seeds in parallel instead)")
 
     sub.add_parser("datasets", help="list datasets, whether each is present, how to get it")
     sub.add_parser("methods", help="list methods with their settings and defaults")
@@ -79,12 +81,15 @@ def main(argv: list[str] | None = None) -> int:
                 cache_dir=f"{args.cache}/features" if args.cache else None,
                 root=args.data, download=args.download, rebuild=args.rebuild))
         elif args.command == "run":
+            import torch
+
             from ciosl.evaluation.experiment import (
                 ExperimentSpec,
                 parse_assignments,
                 run_experiment,
             )
 
+            torch.set_num_threads(max(1, args.threads))
             seeds = args.seeds if args.seeds is not None else list(range(args.runs or 3))
             exp = ExperimentSpec(
                 dataset=args.dataset, ordering=args.ordering, method=args.method, seeds=seeds,

@@ -1,0 +1,155 @@
+"""Time of one CIOSL ``learn_one`` against the dense arithmetic it cannot avoid.
+
+For feature widths 784 and 1280, 10 classes and a full memory (default settings, buffer 1000),
+this measures in one process:
+
+- step: the median wall time of one ``learn_one`` (single thread, after a warm-up);
+- arithmetic: the median time of the step's dense matrix products run back to back with
+  torch on the same shapes: the local-reparameterization forward of the head on the
+  1 + N1' + N2' rows (a mean and a variance product per layer), its backward (the weight
+  gradients of both products per layer and the input gradients of layers 2..L), and the
+  uncertainty passes (the k - 1 further draws of the 1 + N1' scored rows through layers 2..L;
+  layer 1's moments are shared with the training pass).
+
+and prints both, then ``step/arithmetic ratio: X`` for the 1280-d case as the last line.
+Run: ``python benchmarks/step_time.py`` (``--breakdown``: the median time of each phase of
+the step; ``--profile``: a torch profile). One thread by default (``--threads``): per-sample
+work is too small to gain from a second one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+import torch
+
+from ciosl.learners import make_learner
+from ciosl.learners.head import HIDDEN
+
+N_CLASSES, N_BASE, N_STEPS, WARMUP = 10, 1500, 400, 50
+
+
+def median_time(fn, n: int, warmup: int = 20) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(n):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def data(d: int, n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    centers = rng.normal(0.0, 0.5, (N_CLASSES, d))
+    y = rng.integers(N_CLASSES, size=n)
+    return (centers[y] + rng.normal(size=(n, d))).astype(np.float32), y
+
+
+def timed(obj, name: str, times: dict[str, list[float]], label: str) -> None:
+    """Wrap ``obj.name`` to record its wall times under ``label``."""
+    fn = getattr(obj, name)
+
+    def wrapper(*args, **kwargs):
+        t = time.perf_counter()
+        out = fn(*args, **kwargs)
+        times.setdefault(label, []).append(time.perf_counter() - t)
+        return out
+
+    setattr(obj, name, wrapper)
+
+
+def step_time(d: int, mode: str = "time") -> float:
+    """Median ``learn_one`` time; mode "profile" prints a torch profile instead, "breakdown"
+    the median time of each phase of the step."""
+    learner = make_learner("ciosl", seed=0)
+    learner.fit_base(*data(d, N_BASE, 0))  # all 10 classes; fills the memory (1000 items)
+    assert learner.memory_size() == learner.buffer
+    Z, y = data(d, WARMUP + N_STEPS, 1)
+    it = iter(zip(Z, y.tolist(), strict=True))
+
+    def one() -> None:
+        learner.learn_one(*next(it))
+
+    if mode == "profile":
+        from torch.profiler import ProfilerActivity
+        from torch.profiler import profile as tprofile
+        for _ in range(WARMUP):
+            one()
+        with tprofile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(100):
+                one()
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
+        return float("nan")
+    if mode == "breakdown":
+        times: dict[str, list[float]] = {}
+        for name in ("forward_local", "backward", "finish_grad"):
+            timed(learner.net, name, times, f"step: {name}")
+        timed(learner.opt, "step", times, "step: SGD")
+        timed(learner, "_draw_noise", times, "step: noise")
+        timed(learner, "_step", times, "step (all of it)")
+        for name in ("select", "sample_uniform", "distill_targets", "batch", "update", "offer"):
+            timed(learner.memory, name, times, f"memory.{name}")
+        total = median_time(one, N_STEPS, WARMUP)
+        for label, ts in times.items():
+            print(f"  {label:24s} {statistics.median(ts[-N_STEPS:]) * 1e3:7.3f} ms")
+        print(f"  {'learn_one (instrumented)':24s} {total * 1e3:7.3f} ms")
+        return total
+    return median_time(one, N_STEPS, WARMUP)
+
+
+def arithmetic_time(d: int, n_replay: int = 16, n_distill: int = 16, k: int = 5) -> float:
+    gen = torch.Generator().manual_seed(0)
+    sizes = [d, *HIDDEN, N_CLASSES]
+    n, n_scored = 1 + n_replay + n_distill, 1 + n_replay
+    extra = n_scored * (k - 1)
+    layers = []
+    for i, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
+        rows = n if i == 0 else n + extra
+        layers.append(dict(
+            W=torch.randn(fan_out, fan_in, generator=gen), V=torch.rand(fan_out, fan_in),
+            b=torch.randn(fan_out), H=torch.randn(rows, fan_in, generator=gen),
+            H2=torch.rand(rows, fan_in), G=torch.randn(n, fan_out, generator=gen)))
+
+    def products() -> None:
+        for lay in layers:  # forward: mean and variance of the pre-activations
+            torch.addmm(lay["b"], lay["H"], lay["W"].t())
+            torch.addmm(lay["b"], lay["H2"], lay["V"].t())
+        for i, lay in enumerate(reversed(layers)):  # backward on the n training rows
+            G, H, H2 = lay["G"], lay["H"][:n], lay["H2"][:n]
+            torch.mm(G.t(), H)
+            torch.mm(G.t(), H2)
+            if i < len(layers) - 1:
+                G.mm(lay["W"])
+                G.mm(lay["V"])
+
+    return median_time(products, 400)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--profile", action="store_true", help="torch profile of the step")
+    parser.add_argument("--breakdown", action="store_true", help="median time per phase")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    if args.profile or args.breakdown:
+        print(f"d=1280, one learn_one, {'profile' if args.profile else 'breakdown'}:")
+        step_time(1280, "profile" if args.profile else "breakdown")
+        return
+    ratio = float("nan")
+    for d in (784, 1280):
+        step, arith = step_time(d), arithmetic_time(d)
+        ratio = step / arith
+        print(f"d={d}: learn_one median {step * 1e3:.3f} ms, dense arithmetic "
+              f"{arith * 1e3:.3f} ms, ratio {ratio:.2f} "
+              f"(60k-sample stream: {60_000 * step / 60:.1f} min)")
+    print(f"step/arithmetic ratio: {ratio:.2f}")
+
+
+if __name__ == "__main__":
+    main()

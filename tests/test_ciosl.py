@@ -1,0 +1,254 @@
+"""The CIOSL learner: one step follows the gradient of exactly the stated objective (recomputed
+here with autograd from the same random draws), the KL trap, the online score updates, the
+distillation mask, the memory bound and forgetting against fine-tuning."""
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ciosl.learners import make_learner
+from ciosl.learners.bnn import kl_diag_gauss
+from ciosl.learners.ciosl import CIOSL
+
+torch.set_num_threads(1)  # per-sample sizes: one thread is faster and avoids oversubscription
+
+DIM = 12
+
+
+def blobs(classes, n_per_class, seed, spread=4.0):
+    centers = np.random.default_rng(0).normal(0.0, spread, (10, DIM))
+    rng = np.random.default_rng(seed)
+    y = rng.permutation(np.repeat(np.asarray(classes), n_per_class))
+    return (centers[y] + rng.normal(size=(len(y), DIM))).astype(np.float32), y
+
+
+def trained(n_stream=60, **settings):
+    """Base init on classes 0, 1; a stream of classes 0..2 (class 2 new)."""
+    learner = CIOSL(**settings).fit_base(*blobs([0, 1], 30, seed=1))
+    Z, y = blobs([0, 1, 2], n_stream // 3, seed=2)
+    for z, label in zip(Z, y, strict=True):
+        learner.learn_one(z, label)
+    return learner
+
+
+class Recorder:
+    """Records the noise and the memory slots one ``learn_one`` uses."""
+
+    def __init__(self, learner):
+        self.eps, self.replay, self.distill = None, None, None
+        draw, mem = learner._draw_noise, learner.memory
+        select, uniform = mem.select, mem.sample_uniform
+
+        def rec_draw(rows):
+            self.eps = draw(rows)
+            return self.eps
+
+        def rec_select(*a, **kw):
+            self.replay = select(*a, **kw)
+            return self.replay
+
+        def rec_uniform(*a, **kw):
+            self.distill = uniform(*a, **kw)
+            return self.distill
+
+        learner._draw_noise, mem.select, mem.sample_uniform = rec_draw, rec_select, rec_uniform
+
+
+def reference_objective(before, mu, rho, x, y, rec):
+    """The stated objective, written independently with autograd: mean CE over the new sample
+    and the replayed items + lambda2 * mean squared error over the distilled items' recorded
+    logits + lambda1 / N * KL(q || prior), f from one local-reparameterization draw per row."""
+    mem, net = before.memory, before.net
+    X, Y = [torch.from_numpy(x)[None]], [torch.tensor([y])]
+    if rec.replay is not None:
+        X.append(mem.z[torch.from_numpy(rec.replay)])
+        Y.append(mem.y[torch.from_numpy(rec.replay)])
+    if rec.distill is not None:
+        X.append(mem.z[torch.from_numpy(rec.distill)])
+    X, Y = torch.cat(X), torch.cat(Y)
+    n, n_ce = len(X), len(Y)
+    h = X
+    mus, sigmas = net.views(mu), net.views(F.softplus(rho))
+    for i in range(net.n_layers):
+        mean = h @ mus[2 * i].T + mus[2 * i + 1]
+        var = (h ** 2) @ (sigmas[2 * i] ** 2).T + sigmas[2 * i + 1] ** 2
+        a = mean + var.sqrt() * rec.eps[i][:n]
+        h = torch.relu(a) if i < net.n_layers - 1 else a
+    obj = F.cross_entropy(h[:n_ce], Y)
+    if rec.distill is not None and before.lambda2:
+        s = torch.from_numpy(rec.distill)
+        H, count = mem.logits[s], mem.n_logits[s]
+        mask = torch.arange(H.shape[1])[None, :] < count[:, None]
+        obj = obj + before.lambda2 * (((h[n_ce:] - H) * mask) ** 2).sum() / mask.sum()
+    N = before.n_seen_ + 1
+    kl = kl_diag_gauss(mu, F.softplus(rho), net.prior_mu, net.prior_sigma)
+    return obj + before.lambda1 / N * kl
+
+
+@pytest.mark.parametrize("settings", [
+    {},
+    {"lambda1": 0.0, "lambda2": 0.0, "n_replay": 0},  # a plain BNN NLL step
+    {"selection": "lapn", "replacement": "lawcbr", "mc_samples": 1},
+    {"prior_refresh": "base", "n_distill": 5, "lambda2": 0.5},
+], ids=["defaults", "plain-nll", "lapn-k1", "base-prior"])
+def test_step_follows_the_gradient_of_the_objective(settings):
+    learner = trained(**settings)
+    before = copy.deepcopy(learner)
+    rec = Recorder(learner)
+    x, y = blobs([1], 1, seed=3)
+    learner.learn_one(x[0], int(y[0]))
+    if settings.get("n_replay", 16):
+        assert rec.replay is not None and len(rec.replay) == 16
+    net = before.net
+    mu, rho = net.mu.clone().requires_grad_(), net.rho.clone().requires_grad_()
+    reference_objective(before, mu, rho, x[0], before._class_index[int(y[0])], rec).backward()
+    theta, g = net.theta, torch.cat([mu.grad, rho.grad])
+    d = g + before.weight_decay * theta
+    buf = before.opt.buffers[0] * before.momentum + d
+    expected = theta - before.lr * buf
+    torch.testing.assert_close(learner.net.theta, expected, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(learner.opt.buffers[0], buf, rtol=1e-4, atol=1e-6)
+    assert (learner.net.theta != theta).any()
+
+
+def test_kl_trap_step_refresh_makes_lambda1_inert_and_every_does_not():
+    """prior_refresh='step': the prior is the previous posterior, the KL gradient is exactly 0
+    and lambda1 changes nothing, bit for bit. With 'every' (the default) it changes the run.
+    Every run continues the same base-initialized state."""
+    state = CIOSL().fit_base(*blobs([0, 1], 30, seed=1)).state_dict()
+    Z, y = blobs([0, 1, 2], 15, seed=2)
+
+    def theta(**settings):
+        learner = CIOSL(refresh_every=20, **settings)
+        learner.load_state_dict({**state, "params": learner.get_params()})
+        for z, label in zip(Z, y, strict=True):
+            learner.learn_one(z, label)
+        return learner.net.theta
+
+    assert torch.equal(theta(prior_refresh="step", lambda1=0.0),
+                       theta(prior_refresh="step", lambda1=1.0))
+    assert not torch.equal(theta(lambda1=0.0), theta(lambda1=1.0))
+
+
+def test_kl_gradient_zero_at_step_refresh_nonzero_otherwise():
+    for refresh, zero in (("step", True), ("every", False), ("class", False)):
+        learner = trained(prior_refresh=refresh)
+        if refresh == "step":
+            learner.net.refresh_prior()  # what the next step does first
+        _, cache = learner.net.forward_local(torch.zeros(1, DIM), learner._draw_noise(1))
+        grad = torch.zeros_like(learner.net.theta)
+        learner.net.finish_grad(cache, grad, kl_scale=1.0)
+        assert (torch.count_nonzero(grad) == 0) == zero, refresh
+
+
+def _hidden(net, flat):
+    """The hidden layers' part of a flat (P,) tensor (it never grows)."""
+    return torch.cat([t.reshape(-1) for t in net.views(flat)[:-2]])
+
+
+@pytest.mark.parametrize("refresh", ["every", "class", "base", "step"])
+def test_prior_refresh_schedules(refresh):
+    """The prior is the posterior as it was at the schedule's last refresh point."""
+    learner = CIOSL(prior_refresh=refresh, refresh_every=7).fit_base(*blobs([0, 1], 30, seed=1))
+    snapshots = [_hidden(learner.net, learner.net.mu).clone()]  # [after base, after step 1, ...]
+    Z, y = blobs([0, 1], 10, seed=2)
+    stream = [*zip(Z, y, strict=True), (blobs([2], 1, seed=3)[0][0], 2),
+              *zip(*blobs([2], 5, seed=4), strict=True)]
+    for z, label in stream:  # class 2 arrives at step 21
+        learner.learn_one(z, label)
+        snapshots.append(_hidden(learner.net, learner.net.mu).clone())
+    expected = {"every": 21, "class": 20, "base": 0, "step": 25}[refresh]
+    prior = _hidden(learner.net, learner.net.prior_mu)
+    assert torch.equal(prior, snapshots[expected])
+    assert not torch.equal(prior, snapshots[-1])
+
+
+def test_only_replayed_items_get_new_scores():
+    learner = trained()
+    mem = learner.memory
+    assert len(mem) == 120  # base 60 + stream 60: all fit in the default buffer
+    before = {k: getattr(mem, k)[:len(mem)].clone() for k in ("loss", "uncertainty", "logits")}
+    rec = Recorder(learner)
+    x, y = blobs([2], 1, seed=6)
+    learner.learn_one(x[0], int(y[0]))
+    replayed = set(rec.replay.tolist())
+    assert set(rec.distill.tolist()) - replayed  # some items only distilled
+    for k, old in before.items():
+        new = getattr(mem, k)[:len(old)]
+        changed = {i for i in range(len(old)) if not torch.equal(new[i], old[i])}
+        assert changed == replayed, k
+    assert len(mem) == 121 and mem.y[120] == learner._class_index[int(y[0])]
+
+
+def test_distillation_uses_only_the_logits_recorded():
+    """Items stored when 2 classes existed are distilled on those 2 logits only."""
+    learner = CIOSL(n_replay=0, lambda1=0.0).fit_base(*blobs([0, 1], 20, seed=1))
+    learner.learn_one(blobs([2], 1, seed=2)[0][0], 2)  # class 2 appears
+    seen = {}
+    backward = learner.net.backward
+
+    def spy(cache, g, grad):
+        seen["g"] = g.clone()
+        return backward(cache, g, grad)
+
+    learner.net.backward = spy
+    rec = Recorder(learner)
+    learner.learn_one(blobs([2], 1, seed=3)[0][0], 2)
+    counts = learner.memory.n_logits[torch.from_numpy(rec.distill)]
+    g = seen["g"][1:]  # distillation rows
+    for row, c in zip(g, counts.tolist(), strict=True):
+        assert (row[c:] == 0).all() and (row[:c] != 0).all()
+    assert (counts == 2).any()
+
+
+def test_memory_never_exceeds_capacity():
+    learner = CIOSL(buffer=20, n_replay=8).fit_base(*blobs([0, 1], 30, seed=1))
+    assert len(learner.memory) == learner.memory_size() == 20
+    Z, y = blobs([0, 1, 2, 3], 15, seed=2)
+    for z, label in zip(Z, y, strict=True):
+        learner.learn_one(z, label)
+        assert learner.memory_size() <= 20
+    assert learner.memory_size() == 20
+
+
+def test_settings_and_protocol_defaults():
+    assert CIOSL.protocol_defaults(ordering="iid") == {"selection": "uniform"}
+    assert CIOSL.protocol_defaults(ordering="class_iid") == {}
+    with pytest.raises(ValueError, match="n_replay"):
+        CIOSL(buffer=8, n_replay=16)
+    with pytest.raises(ValueError, match="valid choices"):
+        CIOSL(prior_refresh="sometimes")
+    with pytest.raises(ValueError, match="mc_samples"):
+        CIOSL(mc_samples=0)
+
+
+def test_mc_prediction_is_repeatable_and_uses_no_training_randomness():
+    learner = trained(prediction="mc")
+    Z, _ = blobs([0, 1, 2], 5, seed=8)
+    state = learner.torch_rng.get_state()
+    P = learner.predict_proba(Z)
+    assert torch.equal(learner.torch_rng.get_state(), state)
+    np.testing.assert_array_equal(P, learner.predict_proba(Z))
+    mean = CIOSL(**{**learner.get_params(), "prediction": "mean"})
+    mean.load_state_dict({**learner.state_dict(), "params": mean.get_params()})
+    assert np.abs(P - mean.predict_proba(Z)).max() < 0.2  # small posterior scales
+
+
+def test_ciosl_beats_finetune_on_a_class_incremental_stream():
+    """Base init on 2 classes, then 6 more classes one after another (no revisits): finetune
+    forgets everything but the last class; CIOSL keeps the old classes through replay."""
+    Zb, yb = blobs([0, 1], 50, seed=1, spread=2.0)
+    steps = [blobs([k], 50, seed=10 + k, spread=2.0) for k in range(2, 8)]
+    Zt, yt = blobs(list(range(8)), 50, seed=99, spread=2.0)
+    scores = {}
+    for method in ("ciosl", "finetune"):
+        learner = make_learner(method, seed=0).fit_base(Zb, yb)
+        for Z, y in steps:
+            for z, label in zip(Z, y, strict=True):
+                learner.learn_one(z, label)
+        scores[method] = learner.score(Zt, yt)
+    assert scores["finetune"] < 0.3  # forgot (chance 0.125; the last class alone is 0.125)
+    assert scores["ciosl"] > 0.65 and scores["ciosl"] - scores["finetune"] > 0.4  # 0.81, 0.24
