@@ -57,8 +57,9 @@ def parse_assignments(items: Sequence[str]) -> dict[str, str]:
 
 def resolve_settings(cls: type[Learner], spec: DatasetSpec, ordering: str,
                      buffer: int | None, overrides: dict[str, str]) -> dict[str, Any]:
-    """The learner's settings for this cell: defaults, the dataset's buffer, the ordering's
-    defaults (``cls.protocol_defaults``), then the user's values, each checked."""
+    """The learner's settings for this cell: defaults, the dataset's buffer, the protocol's
+    defaults (``cls.protocol_defaults(ordering=..., spec=DatasetSpec)``, optional), then the
+    user's values, each checked."""
     known = {s.name: s for s in cls.settings() if s.name != "seed"}
     unknown = sorted(set(overrides) - set(known))
     if unknown:
@@ -73,7 +74,7 @@ def resolve_settings(cls: type[Learner], spec: DatasetSpec, ordering: str,
         raise ValueError(f"method {cls.name!r} has no replay buffer; --buffer does not apply")
     defaults = getattr(cls, "protocol_defaults", None)
     if defaults is not None:
-        settings.update(defaults(ordering=ordering))
+        settings.update(defaults(ordering=ordering, spec=spec))
     for name, text in overrides.items():
         settings[name] = parse_value(known[name], text)
     cls(**settings)  # validates choices and ranges now, before any work

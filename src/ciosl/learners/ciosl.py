@@ -180,7 +180,7 @@ class CIOSL(Learner):
         super().__init__(seed=seed)
 
     @classmethod
-    def protocol_defaults(cls, *, ordering: str) -> dict[str, Any]:
+    def protocol_defaults(cls, *, ordering: str, spec: Any = None) -> dict[str, Any]:
         """The paper uses uniform replay selection for the iid ordering, UAPN otherwise."""
         return {"selection": "uniform"} if ordering == "iid" else {}
 
