@@ -17,7 +17,8 @@ data:
 	else echo "not root: skipping apt-get install dataset-fashion-mnist"; fi
 
 demo: install
-	ciosl run --dataset digits --ordering class_iid --method slda --runs 3 --out results
+	ciosl run --dataset digits --ordering class_iid --method ciosl --runs 3 --out results
+	ciosl run --dataset digits --ordering class_iid --method slda --runs 3 --out results --quiet
 	ciosl run --dataset digits --ordering class_iid --method ncm --runs 3 --out results --quiet
 	ciosl run --dataset digits --ordering class_iid --method finetune --runs 3 --out results --quiet
 
