@@ -72,6 +72,7 @@ def test_run_stream_tests_on_seen_classes_at_each_event(fs):
     assert sum(seen_sizes) == len(o.stream) == run["n_stream"]
     assert min(run["accuracy"]) > 0.95
     assert run["peak_memory_bytes"] > 0 and run["samples_per_second"] > 0
+    assert run["predict_seconds"] > 0
 
 
 def test_run_experiment_writes_json_and_refuses_bad_settings(fs, tmp_path):

@@ -90,7 +90,7 @@ def run_stream(learner: Learner, fs: FeatureSet, ordering: Ordering, *,
     learner.fit_base(Z[ordering.base], y[ordering.base])
     base_seconds = time.perf_counter() - t0
     acc, n_test, memory = [], [], []
-    learn_seconds, pos = 0.0, 0
+    learn_seconds, predict_seconds, pos = 0.0, 0.0, 0
     for t, end in enumerate(ordering.events):
         for lo in range(pos, int(end), PROGRESS_EVERY):
             hi = min(int(end), lo + PROGRESS_EVERY)
@@ -102,8 +102,10 @@ def run_stream(learner: Learner, fs: FeatureSet, ordering: Ordering, *,
                 progress(hi - lo)
         pos = int(end)
         mask = ordering.test_mask(fs.test_y, t)
+        t0 = time.perf_counter()
         with torch.no_grad():
             acc.append(accuracy(learner.predict(fs.test_z[mask]), fs.test_y[mask]))
+        predict_seconds += time.perf_counter() - t0  # includes any retraining before inference
         n_test.append(int(mask.sum()))
         memory.append(learner.memory_bytes())
     n_stream = len(ordering.stream)
@@ -116,6 +118,7 @@ def run_stream(learner: Learner, fs: FeatureSet, ordering: Ordering, *,
         "n_stream": n_stream,
         "base_seconds": base_seconds,
         "learn_seconds": learn_seconds,
+        "predict_seconds": predict_seconds,
         "seconds_per_sample": learn_seconds / max(1, n_stream),
         "samples_per_second": n_stream / learn_seconds if learn_seconds > 0 else float("inf"),
         "peak_memory_bytes": max(memory),

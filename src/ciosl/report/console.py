@@ -55,7 +55,8 @@ def print_result(result: dict) -> None:
     console.print(f"  Omega_all      = {om['mean']:.4f} +- {om['std']:.4f}")
     console.print(f"  final accuracy = {pct(fa['mean'])} +- {pct(fa['std'])} %")
     console.print(f"  speed          = {result['samples_per_second']:.0f} samples/s, "
-                  f"peak state {result['peak_memory_bytes'] / 2**20:.2f} MiB")
+                  f"peak state {result['peak_memory_bytes'] / 2**20:.2f} MiB, "
+                  f"{result['predict_seconds']:.1f} s per run at testing events")
     if "path" in result:
         console.print(f"  written to {result['path']}")
 
