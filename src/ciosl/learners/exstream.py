@@ -1,0 +1,225 @@
+"""ExStream: streaming replay with per-class prototype buffers merged by nearest pairs.
+
+Reference: T. L. Hayes, N. D. Cahill, C. Kanan, "Memory efficient experience replay for
+streaming learning", ICRA 2019.
+
+Memory: one prototype buffer per class, each prototype a feature vector with a count (how many
+stream samples it summarises). Every class gets ``buffer // n_classes_seen`` slots, so the total
+never exceeds ``buffer``. Per incoming sample (z, y), ONE SGD step of the shared head (hidden
+[256, 256], ReLU, SGD lr 0.01, momentum 0.9, weight decay 1e-5) on the mean cross-entropy of the
+mini-batch {(z, y)} + N1' = ``n_replay`` prototypes (label = their class), then z is stored.
+
+Design choices:
+
+- Insertion: while class y's buffer has room, z becomes a new prototype of count 1. When it is
+  full, its two nearest prototypes (Euclidean; ties: the lowest (i, j) in row-major order) are
+  merged into slot i as their count-weighted mean with the summed count, and z takes the freed
+  slot j. So the counts of a class always sum to the samples of that class seen (the merge
+  loses no sample).
+- Distances: each class caches its (n_c, n_c) distance matrix (not part of the state); a merge
+  recomputes only the rows and columns of the two changed slots, O(n_c d) instead of
+  O(n_c^2 d) per step. ``torch.cdist``'s direct (non-matmul) mode computes every pair on its
+  own, so these rows are bitwise equal to a full recomputation, which is what a missing cache
+  (first fill, after ``load_state_dict``) does: continued learning stays identical.
+- A class capacity of 1 has no pair to merge: z is merged into the single prototype instead.
+- Rebalancing: when a new class arrives the capacity drops to ``buffer // n_classes``; every
+  older class buffer is shrunk to it by merging its nearest pairs (the freed slot removed) until
+  it fits. With more classes than ``buffer`` slots the capacity is 0 and a class keeps no
+  prototypes (degenerate; the count invariant then no longer holds).
+- Replay: N1' prototypes drawn uniformly without replacement from all stored prototypes (all
+  if fewer), drawn before z is stored, so z is never in its own replay batch. The loss weights
+  every prototype equally, whatever its count (as the paper's uniform replay).
+- ``fit_base``: ``base_epochs`` epochs of shuffled ``base_batch_size`` mini-batches (the same
+  SGD, whose momentum carries on into the stream), then every base sample is inserted in order.
+- ``memory_size()`` is the number of stored prototypes.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ciosl.learners.base import Learner, register
+from ciosl.learners.head import HIDDEN, MLP, SGD
+
+_EXACT = "donot_use_mm_for_euclid_dist"  # per-pair distances, independent of the batch shape
+
+
+def distances(A: torch.Tensor, P: torch.Tensor) -> torch.Tensor:
+    """(k, n) Euclidean distances between the rows of A (k, d) and P (n, d)."""
+    return torch.cdist(A, P, compute_mode=_EXACT)
+
+
+def pairwise(P: torch.Tensor) -> torch.Tensor:
+    """(n, n) distances between the rows of P (n, d), +inf on the diagonal."""
+    return distances(P, P).fill_diagonal_(float("inf"))
+
+
+def nearest_pair(D: torch.Tensor) -> tuple[int, int]:
+    """(i, j), i < j: the closest pair of a ``pairwise`` matrix D (n, n), n >= 2; argmin
+    returns the first minimum, so ties go to the lowest (i, j) in row-major order."""
+    i, j = divmod(int(torch.argmin(D)), D.shape[0])
+    return min(i, j), max(i, j)
+
+
+@register
+class ExStream(Learner):
+    name = "exstream"
+    description = "replay of per-class prototypes merged by nearest pairs (Hayes et al. 2019)"
+    help = {
+        "buffer": "total prototypes; each class holds buffer // n_classes_seen",
+        "n_replay": "N1': prototypes replayed per step",
+        "lr": "SGD learning rate",
+        "momentum": "SGD momentum (buffers carry on from fit_base into the stream)",
+        "weight_decay": "L2 weight decay added to the gradient",
+        "base_epochs": "epochs of offline training in fit_base",
+        "base_batch_size": "mini-batch size in fit_base",
+        "seed": "seed of the weight init, the base-init shuffling and the replay draws",
+    }
+    conformance_settings: ClassVar[list[dict]] = [{"buffer": 16}, {"buffer": 5, "n_replay": 4}]
+
+    def __init__(self, *, buffer: int = 1000, n_replay: int = 16, lr: float = 0.01,
+                 momentum: float = 0.9, weight_decay: float = 1e-5, base_epochs: int = 20,
+                 base_batch_size: int = 16, seed: int = 0):
+        self.buffer = buffer
+        self.n_replay = n_replay
+        self.lr = lr
+        self.momentum = momentum
+        self.weight_decay = weight_decay
+        self.base_epochs = base_epochs
+        self.base_batch_size = base_batch_size
+        super().__init__(seed=seed)
+
+    def _check_settings(self) -> None:
+        super()._check_settings()
+        if self.n_replay < 0 or self.lr <= 0 or self.base_batch_size < 1 or self.base_epochs < 0:
+            raise ValueError(f"{self.name}: need n_replay >= 0, lr > 0, base_batch_size >= 1, "
+                             "base_epochs >= 0")
+
+    # ------------------------------------------------------------------ state
+    def _init_state(self, dim: int) -> None:
+        self.net = MLP(dim, 0, HIDDEN, generator=self.torch_rng)  # output grows per class
+        self.opt = SGD(self.net.params, lr=self.lr, momentum=self.momentum,
+                       weight_decay=self.weight_decay)
+        self.protos: list[torch.Tensor] = []  # per class (n_c, d)
+        self.counts: list[torch.Tensor] = []  # per class (n_c,) int64, samples summarised
+        self._dist: list[torch.Tensor | None] = []  # per class (n_c, n_c) cache, or None
+
+    def class_capacity(self) -> int:
+        return self.buffer // max(len(self.protos), 1)
+
+    def memory_size(self) -> int:
+        return sum(len(P) for P in self.protos)
+
+    def _add_class(self) -> None:
+        self.net.grow(1, self.torch_rng)
+        self.protos.append(torch.zeros(0, self.dim_))
+        self.counts.append(torch.zeros(0, dtype=torch.int64))
+        self._dist.append(None)
+        for c in range(len(self.protos) - 1):
+            self._shrink(c, self.class_capacity())
+
+    def _state(self) -> dict[str, Any]:
+        return {"params": self.net.state(), "momentum": self.opt.state(),
+                "protos": [P.clone() for P in self.protos],
+                "counts": [n.clone() for n in self.counts]}
+
+    def _load_state(self, state: dict[str, Any]) -> None:
+        self.net.load(state["params"])
+        self.opt.load(state["momentum"])
+        self.protos = [P.clone() for P in state["protos"]]
+        self.counts = [n.clone() for n in state["counts"]]
+        self._dist = [None] * len(self.protos)
+
+    # ------------------------------------------------------------------ prototypes
+    def _pair(self, c: int) -> tuple[int, int]:
+        if self._dist[c] is None:
+            self._dist[c] = pairwise(self.protos[c])  # (n_c, n_c)
+        return nearest_pair(self._dist[c])
+
+    def _refresh(self, c: int, rows: list[int]) -> None:
+        """Recompute the cached distances of the changed prototypes ``rows`` of class c."""
+        D, R = self._dist[c], distances(self.protos[c][rows], self.protos[c])  # (k, n_c)
+        D[rows], D[:, rows] = R, R.T
+        D[rows, rows] = float("inf")
+
+    def _merge(self, c: int, i: int, j: int) -> None:
+        """Prototype i of class c := count-weighted mean of i and j, count summed; j is freed
+        (the caller overwrites or removes it)."""
+        P, n = self.protos[c], self.counts[c]
+        wi, wj = float(n[i]), float(n[j])
+        P[i] = (wi * P[i] + wj * P[j]) / (wi + wj)
+        n[i] += n[j]
+
+    def _shrink(self, c: int, cap: int) -> None:
+        """Merge nearest pairs of class c until it holds at most ``cap`` prototypes."""
+        while len(self.protos[c]) > max(cap, 1):
+            i, j = self._pair(c)
+            self._merge(c, i, j)
+            keep = torch.arange(len(self.protos[c])) != j  # (n_c,)
+            self.protos[c], self.counts[c] = self.protos[c][keep], self.counts[c][keep]
+            self._dist[c] = self._dist[c][keep][:, keep]
+            self._refresh(c, [i])  # i < j keeps its index
+        if cap == 0:
+            self.protos[c], self.counts[c] = self.protos[c][:0], self.counts[c][:0]
+            self._dist[c] = None
+
+    def _insert(self, x: torch.Tensor, c: int) -> None:
+        """Store sample x (d,) of class c (see the module docstring)."""
+        cap, P, n = self.class_capacity(), self.protos[c], self.counts[c]
+        if cap == 0:
+            return
+        if len(P) < cap:
+            self.protos[c] = torch.cat([P, x[None]])  # (n_c + 1, d)
+            self.counts[c] = torch.cat([n, torch.ones(1, dtype=torch.int64)])
+            self._dist[c] = None  # distances are needed only once the class is full
+        elif cap == 1:
+            P[0] = (float(n[0]) * P[0] + x) / (float(n[0]) + 1.0)
+            n[0] += 1
+        else:
+            i, j = self._pair(c)
+            self._merge(c, i, j)
+            P[j], n[j] = x, 1
+            self._refresh(c, [i, j])
+
+    def _replay(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(min(n_replay, stored),) prototypes drawn uniformly: X (r, d), Y (r,)."""
+        sizes = np.array([len(P) for P in self.protos])  # (n_classes,)
+        k = min(self.n_replay, int(sizes.sum()))
+        if k == 0:
+            return torch.zeros(0, self.dim_), torch.zeros(0, dtype=torch.int64)
+        flat = self.rng.choice(int(sizes.sum()), size=k, replace=False)  # (r,)
+        ends = np.cumsum(sizes)
+        cls = np.searchsorted(ends, flat, side="right")  # (r,) class of each draw
+        rows = flat - (ends[cls] - sizes[cls])  # (r,) row inside that class
+        X = torch.stack([self.protos[c][i] for c, i in zip(cls.tolist(), rows.tolist(),
+                                                          strict=True)])
+        return X, torch.from_numpy(cls.astype(np.int64))
+
+    # ------------------------------------------------------------------ learning
+    def _step(self, X: torch.Tensor, Y: torch.Tensor) -> None:
+        F.cross_entropy(self.net(X), Y).backward()
+        self.opt.step(self.net.params)
+
+    def _fit_base(self, Z: np.ndarray, yi: np.ndarray) -> None:
+        X = torch.from_numpy(np.ascontiguousarray(Z))  # (n, d) float32
+        Y = torch.from_numpy(yi)  # (n,) int64
+        for _ in range(self.base_epochs):
+            perm = torch.randperm(len(X), generator=self.torch_rng)
+            for s in range(0, len(X), self.base_batch_size):
+                idx = perm[s:s + self.base_batch_size]
+                self._step(X[idx], Y[idx])
+        for x, c in zip(X, yi.tolist(), strict=True):
+            self._insert(x, c)
+
+    def _learn_one(self, z: np.ndarray, yi: int) -> None:
+        x = torch.from_numpy(z)  # (d,)
+        Xr, Yr = self._replay()  # (r, d), (r,)
+        self._step(torch.cat([x[None], Xr]), torch.cat([torch.tensor([yi]), Yr]))
+        self._insert(x, yi)
+
+    def _predict_proba(self, Z: np.ndarray) -> np.ndarray:
+        return self.net.predict_proba(Z)  # (n, n_seen)

@@ -1,0 +1,216 @@
+"""REMIND: replay of product-quantized features.
+
+Reference: T. L. Hayes, K. Kafle, R. Shrestha, M. Acharya, C. Kanan, "REMIND your neural network
+to prevent catastrophic forgetting", ECCV 2020; adapted as in the paper we reproduce: the frozen
+extractor's features are quantized (not a mid-level CNN tensor) and the plastic part is the
+shared head (hidden [256, 256], ReLU, SGD lr 0.01, momentum 0.9, weight decay 1e-5).
+
+- Quantizer: ``faiss.ProductQuantizer(D, M=pq_subvectors, nbits=pq_nbits)`` (32 sub-vectors of
+  256 centroids each by default) trained once, on the features of the first ``fit_base``
+  (REMIND trains its PQ on the base-initialization data). Later ``fit_base`` calls reuse it.
+  ``learn_one`` before any ``fit_base`` raises: there is no codebook to quantize with.
+- Width: when d is not a multiple of M, features are zero-padded to D = M * ceil(d / M) (the
+  padded sub-vectors quantize zeros; reconstructions are cut back to d).
+- Small base sets: k-means needs at least 2^nbits points, so the effective bits are
+  ``nbits_ = max(1, min(pq_nbits, floor(log2(n_base))))`` (a base set of one sample is
+  repeated); the settings keep the requested values, ``nbits_`` and ``code_size_`` the actual
+  ones. faiss's "please provide at least 39 k points" warning is silenced (it would print once
+  per sub-quantizer); the k-means seed comes from the learner's ``rng``.
+- Memory: up to ``buffer`` items, each ``code_size_`` uint8 bytes (M bytes at nbits 8) and a
+  label; when full the victim is uniform among the items of the largest class (ties: the
+  lowest class index), REMIND's class-balanced random eviction. ``memory_size()`` counts items,
+  ``compression_ratio()`` = raw float32 feature bytes (4 d) / code bytes.
+- Step: per stream sample, ONE SGD step on the mean cross-entropy of the new sample and N1' =
+  ``n_replay`` items drawn uniformly without replacement from the memory (before the new one is
+  stored), all reconstructed from their codes (REMIND quantizes the new input too); then the
+  new sample's code is stored.
+- ``fit_base``: the head is trained on the raw base features (``base_epochs`` epochs of
+  ``base_batch_size`` mini-batches, REMIND's offline base init), then every base sample is
+  encoded and stored in order.
+- Prediction: test features are quantized and reconstructed before the head, as REMIND does.
+- State: the codebook as a tensor (``faiss.vector_to_array(pq.centroids)``; faiss objects do not
+  pickle), rebuilt by ``copy_array_to_vector`` into a new quantizer with identical codes.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar
+
+import faiss
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ciosl.learners.base import Learner, register
+from ciosl.learners.head import HIDDEN, MLP, SGD
+
+
+@register
+class Remind(Learner):
+    name = "remind"
+    description = "replay of product-quantized features, class-balanced (Hayes et al. 2020)"
+    help = {
+        "buffer": "replay memory capacity (stored codes)",
+        "n_replay": "N1': reconstructed memory items replayed per step",
+        "pq_subvectors": "M: product-quantizer sub-vectors (bytes per code at 8 bits)",
+        "pq_nbits": "bits per sub-vector code (2^nbits centroids); lowered for small base sets",
+        "lr": "SGD learning rate",
+        "momentum": "SGD momentum (buffers carry on from fit_base into the stream)",
+        "weight_decay": "L2 weight decay added to the gradient",
+        "base_epochs": "epochs of offline training in fit_base",
+        "base_batch_size": "mini-batch size in fit_base",
+        "seed": "seed of the weight init, the k-means, the shuffling and the replay draws",
+    }
+    conformance_settings: ClassVar[list[dict]] = [{"buffer": 16, "pq_subvectors": 8,
+                                                   "pq_nbits": 3}]
+
+    def __init__(self, *, buffer: int = 1000, n_replay: int = 16, pq_subvectors: int = 32,
+                 pq_nbits: int = 8, lr: float = 0.01, momentum: float = 0.9,
+                 weight_decay: float = 1e-5, base_epochs: int = 20, base_batch_size: int = 16,
+                 seed: int = 0):
+        self.buffer = buffer
+        self.n_replay = n_replay
+        self.pq_subvectors = pq_subvectors
+        self.pq_nbits = pq_nbits
+        self.lr = lr
+        self.momentum = momentum
+        self.weight_decay = weight_decay
+        self.base_epochs = base_epochs
+        self.base_batch_size = base_batch_size
+        super().__init__(seed=seed)
+
+    def _check_settings(self) -> None:
+        super()._check_settings()
+        if (self.n_replay < 0 or self.pq_subvectors < 1 or not 1 <= self.pq_nbits <= 8
+                or self.lr <= 0 or self.base_batch_size < 1 or self.base_epochs < 0):
+            raise ValueError(f"{self.name}: need n_replay >= 0, pq_subvectors >= 1, "
+                             "1 <= pq_nbits <= 8, lr > 0, base_batch_size >= 1, base_epochs >= 0")
+
+    # ------------------------------------------------------------------ quantizer
+    def _init_state(self, dim: int) -> None:
+        self.net = MLP(dim, 0, HIDDEN, generator=self.torch_rng)  # output grows per class
+        self.opt = SGD(self.net.params, lr=self.lr, momentum=self.momentum,
+                       weight_decay=self.weight_decay)
+        self.pad_dim_ = self.pq_subvectors * math.ceil(dim / self.pq_subvectors)  # D
+        self.pq: faiss.ProductQuantizer | None = None
+        self.nbits_: int | None = None
+        self._alloc(0)
+
+    def _alloc(self, code_size: int) -> None:
+        self.codes = torch.zeros(self.buffer, code_size, dtype=torch.uint8)  # (C, code_size)
+        self.labels = torch.zeros(self.buffer, dtype=torch.int64)  # (C,)
+        self._size = 0
+
+    def _build_pq(self, nbits: int, centroids: np.ndarray | None = None) -> None:
+        self.nbits_ = nbits
+        self.pq = faiss.ProductQuantizer(self.pad_dim_, self.pq_subvectors, nbits)
+        self.pq.cp.min_points_per_centroid = 1  # silence the "39 k points" warning
+        if centroids is not None:
+            faiss.copy_array_to_vector(np.ascontiguousarray(centroids), self.pq.centroids)
+
+    def _train_pq(self, Z: np.ndarray) -> None:
+        X = self._pad(Z if len(Z) > 1 else np.repeat(Z, 2, axis=0))  # (n, D)
+        self._build_pq(max(1, min(self.pq_nbits, int(math.floor(math.log2(len(X)))))))
+        self.pq.cp.seed = int(self.rng.integers(2**31 - 1))
+        self.pq.train(X)
+        self._alloc(self.code_size_)
+
+    @property
+    def code_size_(self) -> int:
+        return int(self.pq.code_size)  # ceil(M * nbits_ / 8) bytes
+
+    def compression_ratio(self) -> float:
+        """Raw float32 feature bytes / PQ code bytes per stored item."""
+        if self.pq is None:
+            raise RuntimeError(f"{self.name}: no quantizer before fit_base")
+        return 4.0 * self.dim_ / self.code_size_
+
+    def _pad(self, Z: np.ndarray) -> np.ndarray:
+        out = np.zeros((len(Z), self.pad_dim_), dtype=np.float32)  # (n, D)
+        out[:, :Z.shape[1]] = Z
+        return out
+
+    def encode(self, Z: np.ndarray) -> np.ndarray:
+        """(n, d) float features -> (n, code_size_) uint8 codes."""
+        return self.pq.compute_codes(self._pad(Z))
+
+    def decode(self, codes: np.ndarray) -> np.ndarray:
+        """(n, code_size_) uint8 codes -> (n, d) float32 reconstructions."""
+        return self.pq.decode(np.ascontiguousarray(codes))[:, :self.dim_]
+
+    def reconstruct(self, Z: np.ndarray) -> np.ndarray:
+        return self.decode(self.encode(Z))  # (n, d)
+
+    # ------------------------------------------------------------------ memory
+    def memory_size(self) -> int:
+        return self._size
+
+    def _store(self, code: np.ndarray, c: int) -> None:
+        """Store one code (code_size_,); when full, evict uniformly in the largest class."""
+        if self._size < self.buffer:
+            slot = self._size
+            self._size += 1
+        else:
+            y = self.labels.numpy()
+            members = np.flatnonzero(y == np.argmax(np.bincount(y)))  # ties: lowest class
+            slot = int(members[self.rng.integers(len(members))])
+        self.codes[slot] = torch.from_numpy(code)
+        self.labels[slot] = c
+
+    def _add_class(self) -> None:
+        self.net.grow(1, self.torch_rng)
+
+    def _state(self) -> dict[str, Any]:
+        cb = None if self.pq is None else torch.from_numpy(faiss.vector_to_array(self.pq.centroids))
+        n = self._size
+        return {"params": self.net.state(), "momentum": self.opt.state(), "centroids": cb,
+                "nbits": self.nbits_, "codes": self.codes[:n].clone(),
+                "labels": self.labels[:n].clone()}
+
+    def _load_state(self, state: dict[str, Any]) -> None:
+        self.net.load(state["params"])
+        self.opt.load(state["momentum"])
+        if state["centroids"] is not None:
+            self._build_pq(int(state["nbits"]), state["centroids"].numpy())
+            self._alloc(self.code_size_)
+        n = len(state["labels"])
+        self.codes[:n], self.labels[:n], self._size = state["codes"], state["labels"], n
+
+    # ------------------------------------------------------------------ learning
+    def _step(self, X: torch.Tensor, Y: torch.Tensor) -> None:
+        F.cross_entropy(self.net(X), Y).backward()
+        self.opt.step(self.net.params)
+
+    def learn_one(self, z, y) -> None:
+        if self.dim_ is None or self.pq is None:  # checked before the label is registered
+            raise RuntimeError(f"{self.name}: call fit_base first; the product quantizer is "
+                               "trained on the base-initialization features")
+        super().learn_one(z, y)
+
+    def _fit_base(self, Z: np.ndarray, yi: np.ndarray) -> None:
+        if self.pq is None:
+            self._train_pq(Z)
+        X = torch.from_numpy(np.ascontiguousarray(Z))  # (n, d) float32
+        Y = torch.from_numpy(yi)  # (n,) int64
+        for _ in range(self.base_epochs):
+            perm = torch.randperm(len(X), generator=self.torch_rng)
+            for s in range(0, len(X), self.base_batch_size):
+                idx = perm[s:s + self.base_batch_size]
+                self._step(X[idx], Y[idx])
+        for code, c in zip(self.encode(Z), yi.tolist(), strict=True):
+            self._store(code, c)
+
+    def _learn_one(self, z: np.ndarray, yi: int) -> None:
+        codes = self.encode(z[None])  # (1, code_size_)
+        Y = torch.tensor([yi])  # (1,)
+        k = min(self.n_replay, self._size)
+        if k:
+            slots = torch.from_numpy(self.rng.choice(self._size, size=k, replace=False))  # (r,)
+            codes = np.concatenate([codes, self.codes[slots].numpy()])  # (1 + r, code_size_)
+            Y = torch.cat([Y, self.labels[slots]])  # (1 + r,)
+        self._step(torch.from_numpy(self.decode(codes)), Y)
+        self._store(codes[0], yi)
+
+    def _predict_proba(self, Z: np.ndarray) -> np.ndarray:
+        return self.net.predict_proba(np.ascontiguousarray(self.reconstruct(Z)))  # (n, n_seen)
