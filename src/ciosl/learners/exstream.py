@@ -40,10 +40,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
-from ciosl.learners.base import Learner, register
-from ciosl.learners.head import HIDDEN, MLP, SGD
+from ciosl.learners.base import register
+from ciosl.learners.finetune import FineTune
 
 _EXACT = "donot_use_mm_for_euclid_dist"  # per-pair distances, independent of the batch shape
 
@@ -66,17 +65,13 @@ def nearest_pair(D: torch.Tensor) -> tuple[int, int]:
 
 
 @register
-class ExStream(Learner):
+class ExStream(FineTune):
     name = "exstream"
     description = "replay of per-class prototypes merged by nearest pairs (Hayes et al. 2019)"
     help = {
         "buffer": "total prototypes; each class holds buffer // n_classes_seen",
         "n_replay": "N1': prototypes replayed per step",
-        "lr": "SGD learning rate",
-        "momentum": "SGD momentum (buffers carry on from fit_base into the stream)",
-        "weight_decay": "L2 weight decay added to the gradient",
-        "base_epochs": "epochs of offline training in fit_base",
-        "base_batch_size": "mini-batch size in fit_base",
+        **FineTune.help,
         "seed": "seed of the weight init, the base-init shuffling and the replay draws",
     }
     conformance_settings: ClassVar[list[dict]] = [{"buffer": 16}, {"buffer": 5, "n_replay": 4}]
@@ -86,24 +81,17 @@ class ExStream(Learner):
                  base_batch_size: int = 16, seed: int = 0):
         self.buffer = buffer
         self.n_replay = n_replay
-        self.lr = lr
-        self.momentum = momentum
-        self.weight_decay = weight_decay
-        self.base_epochs = base_epochs
-        self.base_batch_size = base_batch_size
-        super().__init__(seed=seed)
+        super().__init__(lr=lr, momentum=momentum, weight_decay=weight_decay,
+                         base_epochs=base_epochs, base_batch_size=base_batch_size, seed=seed)
 
     def _check_settings(self) -> None:
         super()._check_settings()
-        if self.n_replay < 0 or self.lr <= 0 or self.base_batch_size < 1 or self.base_epochs < 0:
-            raise ValueError(f"{self.name}: need n_replay >= 0, lr > 0, base_batch_size >= 1, "
-                             "base_epochs >= 0")
+        if self.n_replay < 0:
+            raise ValueError(f"{self.name}: n_replay must be >= 0, got {self.n_replay}")
 
     # ------------------------------------------------------------------ state
     def _init_state(self, dim: int) -> None:
-        self.net = MLP(dim, 0, HIDDEN, generator=self.torch_rng)  # output grows per class
-        self.opt = SGD(self.net.params, lr=self.lr, momentum=self.momentum,
-                       weight_decay=self.weight_decay)
+        super()._init_state(dim)  # the head and its optimizer
         self.protos: list[torch.Tensor] = []  # per class (n_c, d)
         self.counts: list[torch.Tensor] = []  # per class (n_c,) int64, samples summarised
         self._dist: list[torch.Tensor | None] = []  # per class (n_c, n_c) cache, or None
@@ -115,7 +103,7 @@ class ExStream(Learner):
         return sum(len(P) for P in self.protos)
 
     def _add_class(self) -> None:
-        self.net.grow(1, self.torch_rng)
+        super()._add_class()
         self.protos.append(torch.zeros(0, self.dim_))
         self.counts.append(torch.zeros(0, dtype=torch.int64))
         self._dist.append(None)
@@ -123,13 +111,11 @@ class ExStream(Learner):
             self._shrink(c, self.class_capacity())
 
     def _state(self) -> dict[str, Any]:
-        return {"params": self.net.state(), "momentum": self.opt.state(),
-                "protos": [P.clone() for P in self.protos],
+        return {**super()._state(), "protos": [P.clone() for P in self.protos],
                 "counts": [n.clone() for n in self.counts]}
 
     def _load_state(self, state: dict[str, Any]) -> None:
-        self.net.load(state["params"])
-        self.opt.load(state["momentum"])
+        super()._load_state(state)
         self.protos = [P.clone() for P in state["protos"]]
         self.counts = [n.clone() for n in state["counts"]]
         self._dist = [None] * len(self.protos)
@@ -200,26 +186,13 @@ class ExStream(Learner):
         return X, torch.from_numpy(cls.astype(np.int64))
 
     # ------------------------------------------------------------------ learning
-    def _step(self, X: torch.Tensor, Y: torch.Tensor) -> None:
-        F.cross_entropy(self.net(X), Y).backward()
-        self.opt.step(self.net.params)
-
     def _fit_base(self, Z: np.ndarray, yi: np.ndarray) -> None:
-        X = torch.from_numpy(np.ascontiguousarray(Z))  # (n, d) float32
-        Y = torch.from_numpy(yi)  # (n,) int64
-        for _ in range(self.base_epochs):
-            perm = torch.randperm(len(X), generator=self.torch_rng)
-            for s in range(0, len(X), self.base_batch_size):
-                idx = perm[s:s + self.base_batch_size]
-                self._step(X[idx], Y[idx])
-        for x, c in zip(X, yi.tolist(), strict=True):
-            self._insert(x, c)
+        super()._fit_base(Z, yi)  # the head's offline epochs
+        for x, c in zip(torch.from_numpy(np.ascontiguousarray(Z)), yi.tolist(), strict=True):
+            self._insert(x, c)  # x (d,)
 
     def _learn_one(self, z: np.ndarray, yi: int) -> None:
         x = torch.from_numpy(z)  # (d,)
         Xr, Yr = self._replay()  # (r, d), (r,)
         self._step(torch.cat([x[None], Xr]), torch.cat([torch.tensor([yi]), Yr]))
         self._insert(x, yi)
-
-    def _predict_proba(self, Z: np.ndarray) -> np.ndarray:
-        return self.net.predict_proba(Z)  # (n, n_seen)

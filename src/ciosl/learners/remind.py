@@ -40,14 +40,13 @@ from typing import Any, ClassVar
 import faiss
 import numpy as np
 import torch
-import torch.nn.functional as F
 
-from ciosl.learners.base import Learner, register
-from ciosl.learners.head import HIDDEN, MLP, SGD
+from ciosl.learners.base import register
+from ciosl.learners.finetune import FineTune
 
 
 @register
-class Remind(Learner):
+class Remind(FineTune):
     name = "remind"
     description = "replay of product-quantized features, class-balanced (Hayes et al. 2020)"
     help = {
@@ -55,11 +54,7 @@ class Remind(Learner):
         "n_replay": "N1': reconstructed memory items replayed per step",
         "pq_subvectors": "M: product-quantizer sub-vectors (bytes per code at 8 bits)",
         "pq_nbits": "bits per sub-vector code (2^nbits centroids); lowered for small base sets",
-        "lr": "SGD learning rate",
-        "momentum": "SGD momentum (buffers carry on from fit_base into the stream)",
-        "weight_decay": "L2 weight decay added to the gradient",
-        "base_epochs": "epochs of offline training in fit_base",
-        "base_batch_size": "mini-batch size in fit_base",
+        **FineTune.help,
         "seed": "seed of the weight init, the k-means, the shuffling and the replay draws",
     }
     conformance_settings: ClassVar[list[dict]] = [{"buffer": 16, "pq_subvectors": 8,
@@ -73,25 +68,18 @@ class Remind(Learner):
         self.n_replay = n_replay
         self.pq_subvectors = pq_subvectors
         self.pq_nbits = pq_nbits
-        self.lr = lr
-        self.momentum = momentum
-        self.weight_decay = weight_decay
-        self.base_epochs = base_epochs
-        self.base_batch_size = base_batch_size
-        super().__init__(seed=seed)
+        super().__init__(lr=lr, momentum=momentum, weight_decay=weight_decay,
+                         base_epochs=base_epochs, base_batch_size=base_batch_size, seed=seed)
 
     def _check_settings(self) -> None:
         super()._check_settings()
-        if (self.n_replay < 0 or self.pq_subvectors < 1 or not 1 <= self.pq_nbits <= 8
-                or self.lr <= 0 or self.base_batch_size < 1 or self.base_epochs < 0):
+        if self.n_replay < 0 or self.pq_subvectors < 1 or not 1 <= self.pq_nbits <= 8:
             raise ValueError(f"{self.name}: need n_replay >= 0, pq_subvectors >= 1, "
-                             "1 <= pq_nbits <= 8, lr > 0, base_batch_size >= 1, base_epochs >= 0")
+                             "1 <= pq_nbits <= 8")
 
     # ------------------------------------------------------------------ quantizer
     def _init_state(self, dim: int) -> None:
-        self.net = MLP(dim, 0, HIDDEN, generator=self.torch_rng)  # output grows per class
-        self.opt = SGD(self.net.params, lr=self.lr, momentum=self.momentum,
-                       weight_decay=self.weight_decay)
+        super()._init_state(dim)  # the head and its optimizer
         self.pad_dim_ = self.pq_subvectors * math.ceil(dim / self.pq_subvectors)  # D
         self.pq: faiss.ProductQuantizer | None = None
         self.nbits_: int | None = None
@@ -158,19 +146,14 @@ class Remind(Learner):
         self.codes[slot] = torch.from_numpy(code)
         self.labels[slot] = c
 
-    def _add_class(self) -> None:
-        self.net.grow(1, self.torch_rng)
-
     def _state(self) -> dict[str, Any]:
         cb = None if self.pq is None else torch.from_numpy(faiss.vector_to_array(self.pq.centroids))
         n = self._size
-        return {"params": self.net.state(), "momentum": self.opt.state(), "centroids": cb,
-                "nbits": self.nbits_, "codes": self.codes[:n].clone(),
-                "labels": self.labels[:n].clone()}
+        return {**super()._state(), "centroids": cb, "nbits": self.nbits_,
+                "codes": self.codes[:n].clone(), "labels": self.labels[:n].clone()}
 
     def _load_state(self, state: dict[str, Any]) -> None:
-        self.net.load(state["params"])
-        self.opt.load(state["momentum"])
+        super()._load_state(state)
         if state["centroids"] is not None:
             self._build_pq(int(state["nbits"]), state["centroids"].numpy())
             self._alloc(self.code_size_)
@@ -178,10 +161,6 @@ class Remind(Learner):
         self.codes[:n], self.labels[:n], self._size = state["codes"], state["labels"], n
 
     # ------------------------------------------------------------------ learning
-    def _step(self, X: torch.Tensor, Y: torch.Tensor) -> None:
-        F.cross_entropy(self.net(X), Y).backward()
-        self.opt.step(self.net.params)
-
     def learn_one(self, z, y) -> None:
         if self.dim_ is None or self.pq is None:  # checked before the label is registered
             raise RuntimeError(f"{self.name}: call fit_base first; the product quantizer is "
@@ -190,14 +169,8 @@ class Remind(Learner):
 
     def _fit_base(self, Z: np.ndarray, yi: np.ndarray) -> None:
         if self.pq is None:
-            self._train_pq(Z)
-        X = torch.from_numpy(np.ascontiguousarray(Z))  # (n, d) float32
-        Y = torch.from_numpy(yi)  # (n,) int64
-        for _ in range(self.base_epochs):
-            perm = torch.randperm(len(X), generator=self.torch_rng)
-            for s in range(0, len(X), self.base_batch_size):
-                idx = perm[s:s + self.base_batch_size]
-                self._step(X[idx], Y[idx])
+            self._train_pq(Z)  # draws from self.rng, before the head's torch_rng shuffles
+        super()._fit_base(Z, yi)  # the head's offline epochs on the raw features
         for code, c in zip(self.encode(Z), yi.tolist(), strict=True):
             self._store(code, c)
 
