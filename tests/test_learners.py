@@ -179,3 +179,18 @@ def test_finetune_growth_keeps_old_outputs():
     with torch.no_grad():
         assert (learner.net(X)[:, :3] - logits).abs().max() > 1e-4
     assert learner.opt.buffers[-2].shape == (4, 256)
+
+
+@pytest.mark.parametrize("method", ["finetune", "tinyer", "agem"])
+def test_divergence_is_reported_not_hidden(method):
+    """A head whose training blows up raises a clear error instead of answering with NaN."""
+    from ciosl.learners import make_learner
+
+    rng = np.random.default_rng(0)
+    Z = rng.normal(0, 30, (64, 50)).astype(np.float32)
+    y = np.arange(64) % 4
+    learner = make_learner(method, lr=5.0, base_epochs=1)
+    with pytest.raises(FloatingPointError, match="diverged.*lower lr"):
+        learner.fit_base(Z[:16], y[:16])
+        for z, c in zip(Z, y, strict=True):
+            learner.learn_one(z, int(c))

@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from ciosl.learners.base import register
+from ciosl.learners.head import check_finite
 from ciosl.learners.tinyer import TinyER
 
 
@@ -66,6 +67,7 @@ class AGEM(TinyER):
         params = self.net.params
         logits = self.net(X)  # (1 + r, C)
         loss = F.cross_entropy(logits[:1], Y[:1])
+        check_finite(loss, X, name=self.name, n_seen=self.n_seen_, lr=self.lr)
         g = torch.autograd.grad(loss, params, retain_graph=len(Y) > 1)
         if len(Y) > 1:
             g_ref = torch.autograd.grad(F.cross_entropy(logits[1:], Y[1:]), params)

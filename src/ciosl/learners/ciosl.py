@@ -70,7 +70,7 @@ import torch
 
 from ciosl.learners.base import Learner, register
 from ciosl.learners.bnn import BayesMLP
-from ciosl.learners.head import HIDDEN, SGD
+from ciosl.learners.head import HIDDEN, SGD, check_finite
 from ciosl.learners.memory import REPLACEMENTS, SELECTIONS, ReplayMemory
 
 REFRESHES = ("every", "class", "base", "step")
@@ -296,11 +296,7 @@ class CIOSL(Learner):
                   rng=self.rng)
 
     def _check_finite(self, loss: torch.Tensor, X: torch.Tensor) -> None:
-        if not torch.isfinite(loss).all():
-            raise FloatingPointError(
-                f"{self.name}: training diverged at sample {self.n_seen_} (non-finite loss); "
-                f"features with extreme values (here max |z| = {float(X.abs().max()):.3g}) "
-                f"and lr={self.lr} can cause it: clip or rescale the features, or lower lr")
+        check_finite(loss, X, name=self.name, n_seen=self.n_seen_, lr=self.lr)
 
     def _fit_base(self, Z: np.ndarray, yi: np.ndarray) -> None:
         X = torch.from_numpy(np.ascontiguousarray(Z))  # (n, d)

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from ciosl.learners.base import Learner, register
-from ciosl.learners.head import HIDDEN, MLP, SGD
+from ciosl.learners.head import HIDDEN, MLP, SGD, check_finite
 
 
 @register
@@ -56,7 +56,9 @@ class FineTune(Learner):
         self.net.grow(1, self.torch_rng)
 
     def _step(self, X: torch.Tensor, Y: torch.Tensor) -> None:
-        F.cross_entropy(self.net(X), Y).backward()
+        loss = F.cross_entropy(self.net(X), Y)
+        check_finite(loss, X, name=self.name, n_seen=self.n_seen_, lr=self.lr)
+        loss.backward()
         self.opt.step(self.net.params)
 
     def _fit_base(self, Z: np.ndarray, yi: np.ndarray) -> None:

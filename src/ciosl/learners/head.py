@@ -74,6 +74,17 @@ class MLP:
         return torch.cat(out).numpy()
 
 
+def check_finite(loss: torch.Tensor, X: torch.Tensor, *, name: str, n_seen: int,
+                 lr: float) -> None:
+    """Raise a clear FloatingPointError when training diverged (non-finite loss), instead of
+    letting a model with NaN weights answer (it would predict one class forever)."""
+    if not torch.isfinite(loss).all():
+        raise FloatingPointError(
+            f"{name}: training diverged at sample {n_seen} (non-finite loss); features with "
+            f"extreme values (here max |z| = {float(X.abs().max()):.3g}) and lr={lr} can cause "
+            "it: clip or rescale the features, or lower lr (--set lr=...)")
+
+
 class SGD:
     """SGD with momentum and weight decay over a list of tensors that may grow."""
 
@@ -127,6 +138,7 @@ def train_offline(Z: np.ndarray, yi: np.ndarray, n_classes: int, *, epochs: int,
         for s in range(0, len(X), batch_size):
             idx = perm[s:s + batch_size]
             loss = F.cross_entropy(net(X[idx]), Y[idx])
+            check_finite(loss, X[idx], name="offline training", n_seen=s, lr=lr)
             loss.backward()
             opt.step(net.params)
     return net
