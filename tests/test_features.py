@@ -293,11 +293,9 @@ def test_feature_datasets_and_bad_extractors():
 
 
 def test_digits_end_to_end(tmp_path):
-    datasets = pytest.importorskip("ciosl.data.datasets")
-    try:
-        raw = datasets.load_dataset("digits")
-    except Exception as e:  # pragma: no cover - depends on the datasets module's state
-        pytest.skip(f"digits unavailable: {e}")
+    from ciosl.data import datasets
+
+    raw = datasets.load_dataset("digits")  # ships with scikit-learn: always present
     fs = get_features("digits", cache_dir=tmp_path, progress=False)  # default: pixels
     assert fs.train_z.shape == (len(raw.train_y), 64) and fs.dataset == "digits"
     assert fs.key == get_features("digits", "pixels", cache_dir=tmp_path).key
