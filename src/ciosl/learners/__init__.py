@@ -3,14 +3,19 @@
 from ciosl.learners import (  # noqa: F401
     agem,
     ciosl,
+    coreset_only,
+    ewc,
     exstream,
     finetune,
     gdumb,
+    mas,
     ncm,
     offline,
     remind,
     slda,
     tinyer,
+    vcl,
+    vcl_coreset,
 )
 from ciosl.learners.base import Learner, available_methods, get_method, make_learner, register
 

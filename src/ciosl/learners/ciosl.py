@@ -52,6 +52,9 @@ Design choices (each one a reading of the paper, made explicit):
   predicting consumes none of the training randomness and is repeatable.
 - Weight decay applies to every parameter (means and rhos), as torch.optim.SGD on all
   parameters would.
+- The head, its optimizer, the refresh schedule, the step, base training and prediction live in
+  ``BayesHead``, shared with the VCL baselines (``vcl``, ``vcl_coreset``, ``coreset_only``); the
+  step also raises on non-finite logits before the parameters move.
 
 Known limitation: one SGD step per sample at lr 0.01 on features with extreme values can
 diverge: one such sample moves a first-layer weight by ~lr * |z|, activations grow, and the
@@ -115,8 +118,149 @@ class FlatSGD(SGD):
         p.grad = None
 
 
+class BayesHead(Learner):
+    """What every learner with the Bayesian head shares (CIOSL, VCL, VCL+coreset, Coreset-only):
+    the mean-field MLP and its flat SGD, the prior-refresh schedule, one SGD step on the mean NLL
+    (+ distillation rows) + kl_scale * KL(q || prior), base training and prediction.
+
+    Not registered. A subclass provides, as settings or class attributes: ``lambda1``,
+    ``mc_samples``, ``prior_refresh`` (one of ``REFRESHES``, or ``"never"``: the prior stays the
+    initial prior N(0, prior_sigma^2) forever), ``refresh_every``, ``prediction``, ``init_sigma``,
+    ``prior_sigma``, ``lr``, ``momentum``, ``weight_decay``, ``base_epochs``,
+    ``base_batch_size``; and ``lambda2`` if it gives ``_step`` distillation rows."""
+
+    def _conditions(self) -> list[tuple[str, bool, str]]:
+        """(setting, valid, requirement) triples checked by ``_check_settings``."""
+        return [
+            ("lambda1", self.lambda1 >= 0, ">= 0"), ("mc_samples", self.mc_samples >= 1, ">= 1"),
+            ("refresh_every", self.refresh_every >= 1, ">= 1"),
+            ("init_sigma", self.init_sigma > 0, "> 0"), ("prior_sigma", self.prior_sigma > 0, "> 0"),
+            ("lr", self.lr > 0, "> 0"), ("base_epochs", self.base_epochs >= 0, ">= 0"),
+            ("base_batch_size", self.base_batch_size >= 1, ">= 1")]
+
+    def _check_settings(self) -> None:
+        super()._check_settings()
+        bad = [f"{k} must be {cond}" for k, ok, cond in self._conditions() if not ok]
+        if bad:
+            raise ValueError(f"{self.name}: " + "; ".join(bad))
+
+    # ------------------------------------------------------------------ state
+    def _new_net(self, dim: int, n_out: int, generator: torch.Generator) -> BayesMLP:
+        return BayesMLP(dim, n_out, HIDDEN, init_sigma=self.init_sigma,
+                        prior_sigma=self.prior_sigma, generator=generator)
+
+    def _new_opt(self, net: BayesMLP) -> FlatSGD:
+        return FlatSGD([net.theta], lr=self.lr, momentum=self.momentum,
+                       weight_decay=self.weight_decay)
+
+    def _init_state(self, dim: int) -> None:
+        self.net = self._new_net(dim, 0, self.torch_rng)
+        self.opt = self._new_opt(self.net)
+        self._grad = torch.zeros_like(self.net.theta)  # (2P,) reused every step
+        self._since_refresh = 0  # stream samples since the last prior refresh
+        self._streaming = False  # fit_base done or stream started: class refreshes apply
+
+    def _add_class(self) -> None:
+        if self.prior_refresh == "class" and self._streaming:
+            self.net.refresh_prior()  # the posterior that knows the old classes
+        (self.opt.buffers[0],) = self.net.grow(1, self.torch_rng, carry=(self.opt.buffers[0],))
+        self._grad = torch.zeros_like(self.net.theta)
+
+    def _state(self) -> dict[str, Any]:
+        return {"net": self.net.state(), "momentum": self.opt.state(),
+                "since_refresh": self._since_refresh, "streaming": self._streaming}
+
+    def _load_state(self, state: dict[str, Any]) -> None:
+        self.net.load(state["net"])
+        self.opt.load(state["momentum"])
+        self._grad = torch.zeros_like(self.net.theta)
+        self._since_refresh = int(state["since_refresh"])
+        self._streaming = bool(state["streaming"])
+
+    # ------------------------------------------------------------------ the step
+    def _draw_noise(self, rows: int) -> list[torch.Tensor]:
+        """Standard normal noise per layer, (rows, out_l) each, from ``torch_rng``."""
+        widths = [s[0] for s in self.net.shapes[1::2]]
+        eps = torch.randn(rows, sum(widths), generator=self.torch_rng)  # one draw, split
+        return list(eps.split(widths, dim=1))
+
+    @torch.no_grad()
+    def _step(self, X: torch.Tensor, Y: torch.Tensor, H: torch.Tensor | None = None,
+              mask: torch.Tensor | None = None, *, n_scored: int = 0, kl_scale: float):
+        """One SGD step on the objective for rows X (n, d): the first len(Y) rows have labels
+        Y (CE), the rest are distilled towards stored logits H (n_d, C) where ``mask``.
+        Returns the scores of the first ``n_scored`` rows (see ``_scores``), or None.
+        Non-finite logits raise FloatingPointError before the parameters move."""
+        n, n_ce = X.shape[0], Y.shape[0]
+        k = self.mc_samples if n_scored else 1
+        R = n + n_scored * (k - 1)  # with k - 1 further draws of the scored rows
+        logits, cache = self.net.forward_local(X, self._draw_noise(R), (n_scored, k - 1))
+        check_finite(logits[:n_ce], X, name=self.name, n_seen=self.n_seen_, lr=self.lr)
+        P = logits.softmax(1)  # (R, C)
+        scores = _scores(logits, P, Y[:n_scored], n, k) if n_scored else None
+        g = P[:n]  # (n, C) becomes dL/dlogits in place
+        g.index_put_((_arange(n_ce), Y), _MINUS_ONE, accumulate=True)  # softmax - onehot
+        g[:n_ce].div_(n_ce)
+        if n > n_ce:  # distillation rows: MSE over the logits recorded
+            d = torch.sub(logits[n_ce:n], H, out=g[n_ce:]).mul_(mask)
+            d.mul_(2.0 * self.lambda2 / max(int(mask.sum()), 1))
+        self.net.backward(cache, g, self._grad)
+        self.net.finish_grad(cache, self._grad, kl_scale)
+        self.net.theta.grad = self._grad
+        self.opt.step([self.net.theta])
+        return scores
+
+    def _kl_scale(self, n_samples: int) -> float:
+        return self.lambda1 / n_samples
+
+    def _refresh_if_due(self, n_new: int = 1) -> None:
+        """At the start of a stream step on ``n_new`` new samples: mark the stream as started,
+        make the prior the posterior if ``prior_refresh`` says so now, and count the samples
+        (``refresh_every`` counts samples, whatever the mini-batch size)."""
+        self._streaming = True
+        if (self.prior_refresh == "step"
+                or (self.prior_refresh == "every" and self._since_refresh >= self.refresh_every)):
+            self.net.refresh_prior()
+            self._since_refresh = 0
+        self._since_refresh += n_new
+
+    def _train(self, X: torch.Tensor, Y: torch.Tensor, *, epochs: int, batch_size: int,
+               kl_scale: float) -> None:
+        """``epochs`` epochs of shuffled mini-batches of (X (n, d), Y (n,)), one step each."""
+        for _ in range(epochs):
+            perm = torch.randperm(len(X), generator=self.torch_rng)
+            for s in range(0, len(X), batch_size):
+                idx = perm[s:s + batch_size]
+                self._step(X[idx], Y[idx], kl_scale=kl_scale)
+
+    def _base_done(self) -> None:
+        """End of fit_base: the prior becomes the base posterior (unless ``"never"``) and the
+        stream starts."""
+        if self.prior_refresh != "never":
+            self.net.refresh_prior()
+        self._since_refresh = 0
+        self._streaming = True
+
+    # ------------------------------------------------------------------ prediction
+    @torch.no_grad()
+    def _predict_net(self, net: BayesMLP, Z: np.ndarray) -> np.ndarray:
+        """(n, C) probabilities of ``net``: mean weights, or the MC average (``prediction``)."""
+        X = torch.from_numpy(Z)
+        if self.prediction == "mean":
+            out = [net.forward_mean(X[i:i + 4096]).softmax(1) for i in range(0, len(X), 4096)]
+        else:
+            gen = torch.Generator().manual_seed(int(self.seed) * 1_000_003 + self.n_seen_)
+            W = net.sample_weights(self.mc_samples, gen)
+            out = [net.forward_sampled(X[i:i + 1024], W).softmax(-1).mean(0)
+                   for i in range(0, len(X), 1024)]
+        return torch.cat(out).numpy()
+
+    def _predict_proba(self, Z: np.ndarray) -> np.ndarray:
+        return self._predict_net(self.net, Z)
+
+
 @register
-class CIOSL(Learner):
+class CIOSL(BayesHead):
     name = "ciosl"
     description = ("Bayesian MLP head, KL to a refreshed prior, logit distillation, "
                    "loss/uncertainty-aware replay (the paper's method)")
@@ -184,97 +328,42 @@ class CIOSL(Learner):
         """The paper uses uniform replay selection for the iid ordering, UAPN otherwise."""
         return {"selection": "uniform"} if ordering == "iid" else {}
 
-    def _check_settings(self) -> None:
-        super()._check_settings()
-        bad = [f"{k} must be {cond}" for k, ok, cond in [
-            ("lambda1", self.lambda1 >= 0, ">= 0"), ("lambda2", self.lambda2 >= 0, ">= 0"),
-            ("n_replay", self.n_replay >= 0, ">= 0"), ("n_distill", self.n_distill >= 0, ">= 0"),
-            ("mc_samples", self.mc_samples >= 1, ">= 1"),
-            ("refresh_every", self.refresh_every >= 1, ">= 1"),
-            ("init_sigma", self.init_sigma > 0, "> 0"), ("prior_sigma", self.prior_sigma > 0, "> 0"),
-            ("lr", self.lr > 0, "> 0"), ("base_epochs", self.base_epochs >= 0, ">= 0"),
-            ("base_batch_size", self.base_batch_size >= 1, ">= 1")] if not ok]
-        if bad:
-            raise ValueError(f"{self.name}: " + "; ".join(bad))
+    def _conditions(self) -> list[tuple[str, bool, str]]:
+        return [*super()._conditions(), ("lambda2", self.lambda2 >= 0, ">= 0"),
+                ("n_replay", self.n_replay >= 0, ">= 0"),
+                ("n_distill", self.n_distill >= 0, ">= 0")]
 
     # ------------------------------------------------------------------ state
     def _init_state(self, dim: int) -> None:
-        self.net = BayesMLP(dim, 0, HIDDEN, init_sigma=self.init_sigma,
-                            prior_sigma=self.prior_sigma, generator=self.torch_rng)
-        self.opt = FlatSGD([self.net.theta], lr=self.lr, momentum=self.momentum,
-                           weight_decay=self.weight_decay)
+        super()._init_state(dim)
         self.memory = ReplayMemory(self.buffer, dim, replacement=self.replacement)
-        self._grad = torch.zeros_like(self.net.theta)  # (2P,) reused every step
-        self._since_refresh = 0  # stream samples since the last prior refresh
-        self._streaming = False  # fit_base done or stream started: class refreshes apply
 
     def _add_class(self) -> None:
-        if self.prior_refresh == "class" and self._streaming:
-            self.net.refresh_prior()  # the posterior that knows the old classes
-        (self.opt.buffers[0],) = self.net.grow(1, self.torch_rng, carry=(self.opt.buffers[0],))
-        self._grad = torch.zeros_like(self.net.theta)
+        super()._add_class()
         self.memory.grow_logits(self.net.n_out)
 
     def memory_size(self) -> int:
         return len(self.memory)
 
     def _state(self) -> dict[str, Any]:
-        return {"net": self.net.state(), "momentum": self.opt.state(),
-                "memory": self.memory.state(), "since_refresh": self._since_refresh,
-                "streaming": self._streaming}
+        return {**super()._state(), "memory": self.memory.state()}
 
     def _load_state(self, state: dict[str, Any]) -> None:
-        self.net.load(state["net"])
-        self.opt.load(state["momentum"])
+        super()._load_state(state)
         self.memory.load(state["memory"])
-        self._grad = torch.zeros_like(self.net.theta)
-        self._since_refresh = int(state["since_refresh"])
-        self._streaming = bool(state["streaming"])
 
     # ------------------------------------------------------------------ the step
-    def _draw_noise(self, rows: int) -> list[torch.Tensor]:
-        """Standard normal noise per layer, (rows, out_l) each, from ``torch_rng``."""
-        widths = [s[0] for s in self.net.shapes[1::2]]
-        eps = torch.randn(rows, sum(widths), generator=self.torch_rng)  # one draw, split
-        return list(eps.split(widths, dim=1))
-
-    @torch.no_grad()
-    def _step(self, X: torch.Tensor, Y: torch.Tensor, H: torch.Tensor | None = None,
-              mask: torch.Tensor | None = None, *, n_scored: int = 0, kl_scale: float):
-        """One SGD step on the objective for rows X (n, d): the first len(Y) rows have labels
-        Y (CE), the rest are distilled towards stored logits H (n_d, C) where ``mask``.
-        Returns the scores of the first ``n_scored`` rows (see ``_scores``), or None."""
-        n, n_ce = X.shape[0], Y.shape[0]
-        k = self.mc_samples if n_scored else 1
-        R = n + n_scored * (k - 1)  # with k - 1 further draws of the scored rows
-        logits, cache = self.net.forward_local(X, self._draw_noise(R), (n_scored, k - 1))
-        P = logits.softmax(1)  # (R, C)
-        scores = _scores(logits, P, Y[:n_scored], n, k) if n_scored else None
-        g = P[:n]  # (n, C) becomes dL/dlogits in place
-        g.index_put_((_arange(n_ce), Y), _MINUS_ONE, accumulate=True)  # softmax - onehot
-        g[:n_ce].div_(n_ce)
-        if n > n_ce:  # distillation rows: MSE over the logits recorded
-            d = torch.sub(logits[n_ce:n], H, out=g[n_ce:]).mul_(mask)
-            d.mul_(2.0 * self.lambda2 / max(int(mask.sum()), 1))
-        self.net.backward(cache, g, self._grad)
-        self.net.finish_grad(cache, self._grad, kl_scale)
-        self.net.theta.grad = self._grad
-        self.opt.step([self.net.theta])
-        return scores
-
-    def _kl_scale(self, n_samples: int) -> float:
-        return self.lambda1 / n_samples
-
     def _learn_one(self, z: np.ndarray, yi: int) -> None:
-        self._streaming = True
-        if (self.prior_refresh == "step"
-                or (self.prior_refresh == "every" and self._since_refresh >= self.refresh_every)):
-            self.net.refresh_prior()
-            self._since_refresh = 0
-        self._since_refresh += 1
+        self._learn_batch(z[None], np.array([yi]))
+
+    def _learn_batch(self, Z: np.ndarray, yi: np.ndarray) -> None:
+        """One step on b new rows (streaming: b = 1) + N1' replayed + N2' distilled items;
+        the replayed items' scores are updated, then each new row is offered in order."""
+        b = len(yi)
+        self._refresh_if_due(b)
         mem = self.memory
-        X = torch.from_numpy(z)[None]  # (1, d)
-        Y = torch.tensor([yi])  # (1,)
+        X = torch.from_numpy(np.ascontiguousarray(Z))  # (b, d)
+        Y = torch.from_numpy(np.asarray(yi, np.int64))  # (b,)
         H = mask = replay = None
         slots = []
         if len(mem) and self.n_replay:
@@ -284,16 +373,17 @@ class CIOSL(Learner):
             H, mask = mem.distill_targets(distill)  # (n_d, C), (n_d, C) bool
         if slots:
             Zm, ym = mem.batch(np.concatenate(slots))  # (r + n_d, d), (r + n_d,)
-            X = torch.cat([X, Zm])  # (1 + r + n_d, d)
+            X = torch.cat([X, Zm])  # (b + r + n_d, d)
             if replay is not None:
-                Y = torch.cat([Y, ym[:len(replay)]])  # (1 + r,)
+                Y = torch.cat([Y, ym[:len(replay)]])  # (b + r,)
         loss, unc, h = self._step(X, Y, H, mask, n_scored=len(Y),
-                                  kl_scale=self._kl_scale(self.n_seen_ + 1))
+                                  kl_scale=self._kl_scale(self.n_seen_ + b))
         self._check_finite(loss, X)
         if replay is not None:
-            mem.update(replay, logits=h[1:], loss=loss[1:], uncertainty=unc[1:])
-        mem.offer(X[0], yi, logits=h[0], loss=float(loss[0]), uncertainty=float(unc[0]),
-                  rng=self.rng)
+            mem.update(replay, logits=h[b:], loss=loss[b:], uncertainty=unc[b:])
+        for i in range(b):
+            mem.offer(X[i], int(Y[i]), logits=h[i], loss=float(loss[i]),
+                      uncertainty=float(unc[i]), rng=self.rng)
 
     def _check_finite(self, loss: torch.Tensor, X: torch.Tensor) -> None:
         check_finite(loss, X, name=self.name, n_seen=self.n_seen_, lr=self.lr)
@@ -301,12 +391,8 @@ class CIOSL(Learner):
     def _fit_base(self, Z: np.ndarray, yi: np.ndarray) -> None:
         X = torch.from_numpy(np.ascontiguousarray(Z))  # (n, d)
         Y = torch.from_numpy(yi)  # (n,)
-        kl_scale = self._kl_scale(self.n_seen_ + len(Y))
-        for _ in range(self.base_epochs):
-            perm = torch.randperm(len(X), generator=self.torch_rng)
-            for s in range(0, len(X), self.base_batch_size):
-                idx = perm[s:s + self.base_batch_size]
-                self._step(X[idx], Y[idx], kl_scale=kl_scale)
+        self._train(X, Y, epochs=self.base_epochs, batch_size=self.base_batch_size,
+                    kl_scale=self._kl_scale(self.n_seen_ + len(Y)))
         for s in range(0, len(X), 1024):  # scores of every base sample, then fill the memory
             Xb, Yb = X[s:s + 1024], Y[s:s + 1024]
             loss, unc, h = self._score_batch(Xb, Yb)
@@ -314,9 +400,7 @@ class CIOSL(Learner):
             for i in range(len(Yb)):
                 self.memory.offer(Xb[i], int(Yb[i]), logits=h[i], loss=float(loss[i]),
                                   uncertainty=float(unc[i]), rng=self.rng)
-        self.net.refresh_prior()
-        self._since_refresh = 0
-        self._streaming = True
+        self._base_done()
 
     @torch.no_grad()
     def _score_batch(self, X: torch.Tensor, Y: torch.Tensor):
@@ -324,17 +408,3 @@ class CIOSL(Learner):
         n, k = X.shape[0], self.mc_samples
         logits, _ = self.net.forward_local(X, self._draw_noise(n * k), (n, k - 1))  # (k n, C)
         return _scores(logits, logits.softmax(1), Y, n, k)
-
-    # ------------------------------------------------------------------ prediction
-    @torch.no_grad()
-    def _predict_proba(self, Z: np.ndarray) -> np.ndarray:
-        X = torch.from_numpy(Z)
-        if self.prediction == "mean":
-            out = [self.net.forward_mean(X[i:i + 4096]).softmax(1)
-                   for i in range(0, len(X), 4096)]
-        else:
-            gen = torch.Generator().manual_seed(int(self.seed) * 1_000_003 + self.n_seen_)
-            W = self.net.sample_weights(self.mc_samples, gen)
-            out = [self.net.forward_sampled(X[i:i + 1024], W).softmax(-1).mean(0)
-                   for i in range(0, len(X), 1024)]
-        return torch.cat(out).numpy()

@@ -1,0 +1,417 @@
+"""EWC, MAS, VCL, VCL+coreset and Coreset-only: each method's characteristic rule, tested
+directly against a reference written here (hand-built forward passes and autograd, running means
+by hand, bit-for-bit snapshots)."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ciosl.learners import make_learner
+from ciosl.learners.ciosl import BayesHead
+from ciosl.learners.coreset_only import CoresetOnly
+from ciosl.learners.ewc import EWC
+from ciosl.learners.vcl import VCL
+from ciosl.learners.vcl_coreset import VCLCoreset
+from conformance import blobs
+
+
+def class_by_class(classes, n_per_class, seed):
+    """Blobs that arrive one class after another (a class-incremental stream)."""
+    parts = [blobs([c], n_per_class, seed + c) for c in classes]
+    return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+
+
+def indices(learner, labels) -> torch.Tensor:
+    """The learner's internal class indices (order of first appearance) of ``labels``."""
+    return torch.tensor([learner._class_index[int(c)] for c in labels])
+
+
+def mlp(params, X):
+    """The head's forward pass, written independently: ReLU hidden layers, linear output."""
+    h = X
+    for i in range(0, len(params) - 2, 2):
+        h = torch.relu(h @ params[i].T + params[i + 1])
+    return h @ params[-2].T + params[-1]
+
+
+def hidden(tensors):
+    """The hidden layers' part of a per-tensor list (those never grow), flattened."""
+    return torch.cat([t.reshape(-1) for t in tensors[:-2]])
+
+
+# ---------------------------------------------------------------------------- EWC / MAS
+def reference_importance(method, params, X, Y):
+    """Per-sample importances (n, each tensor): EWC the squared gradient of log p(y | x),
+    MAS the absolute gradient of ||f(x)||^2, by torch.func over a hand-built forward."""
+    def ewc(ps, x, y):
+        return F.cross_entropy(mlp(ps, x[None]), y[None])
+
+    def mas(ps, x, y):
+        return mlp(ps, x[None]).pow(2).sum()
+
+    fn = ewc if method == "ewc" else mas
+    g = torch.func.vmap(torch.func.grad(fn), in_dims=(None, 0, 0))(
+        [p.detach() for p in params], X, Y)
+    return [t * t if method == "ewc" else t.abs() for t in g]
+
+
+@pytest.mark.parametrize("method", ["ewc", "mas"])
+def test_importance_is_the_running_mean_of_the_per_sample_estimator(method):
+    Zb, yb = blobs([0, 1], 15, seed=1)
+    learner = make_learner(method, base_epochs=3).fit_base(Zb, yb)
+    X, Y = torch.from_numpy(Zb), indices(learner, yb)
+    ref = [t.mean(0) for t in reference_importance(method, learner.net.params, X, Y)]
+    for o, r in zip(learner.omega, ref, strict=True):
+        torch.testing.assert_close(o, r, rtol=1e-4, atol=1e-9)
+    # fit_base sets the penalty's importance to it and anchors at the trained head
+    assert all(torch.equal(f, o) for f, o in zip(learner.omega_frozen, learner.omega,
+                                                 strict=True))
+    assert all(torch.equal(a, p) for a, p in zip(learner.anchor, learner.net.params,
+                                                 strict=True))
+    # one stream sample: Omega <- Omega + (imp(theta before the step) - Omega) / (n + 1)
+    z, c = blobs([1], 1, seed=2)
+    before = [p.detach().clone() for p in learner.net.params]
+    omega = [o.clone() for o in learner.omega]
+    learner.learn_one(z[0], int(c[0]))
+    imp = reference_importance(method, before, torch.from_numpy(z), indices(learner, c))
+    for o_new, o, i in zip(learner.omega, omega, imp, strict=True):
+        torch.testing.assert_close(o_new, o + (i[0] - o) / (len(Zb) + 1), rtol=1e-4, atol=1e-9)
+    assert learner.n_omega == len(Zb) + 1
+    assert max(float(o.max()) for o in learner.omega) > 0
+
+
+@pytest.mark.parametrize("method,lam,binding", [
+    ("ewc", 500.0, False), ("mas", 1.0, False), ("ewc", 1e7, True), ("mas", 1e3, True)])
+def test_step_is_the_gradient_of_the_stated_objective(method, lam, binding):
+    """theta_new = SGD-momentum step on CE + lam / 2 * sum Omega (theta - theta*)^2, with
+    lam * Omega capped at max_penalty_step / lr where the cap binds."""
+    learner = make_learner(method, lam=lam, refresh_every=10, base_epochs=3)
+    learner.fit_base(*blobs([0, 1], 15, seed=1))
+    Z, y = class_by_class([2, 0], 12, seed=3)
+    for z, c in zip(Z[:14], y[:14], strict=True):  # refreshes at 1 (class 2), 11 (R = 10)
+        learner.learn_one(z, int(c))
+    assert learner._since_refresh == 4
+    before = copy.deepcopy(learner)
+    x, c = Z[14], int(y[14])
+    learner.learn_one(x, c)
+
+    params = [p.detach().clone().requires_grad_() for p in before.net.params]
+    cap = before.max_penalty_step / before.lr
+    omega = [torch.clamp(lam * o, max=cap) / lam for o in before.omega_frozen]
+    assert any(bool((lam * o > cap).any()) for o in before.omega_frozen) == binding
+    ce = F.cross_entropy(mlp(params, torch.from_numpy(x)[None]), indices(before, [c]))
+    penalty = sum((w * (p - a) ** 2).sum() for w, p, a in zip(omega, params, before.anchor,
+                                                              strict=True))
+    grads = torch.autograd.grad(ce + lam / 2 * penalty, params, retain_graph=True)
+    grads_ce = torch.autograd.grad(ce, params)
+    for p_new, p, g, buf in zip(learner.net.params, params, grads, before.opt.buffers,
+                                strict=True):
+        d = g + before.weight_decay * p.detach()
+        expected = p.detach() - before.lr * (before.momentum * buf + d)
+        torch.testing.assert_close(p_new.detach(), expected, rtol=1e-5, atol=1e-7)
+    # the penalty is a real part of this step, not a rounding error
+    diff = max(float((g - g_ce).abs().max()) for g, g_ce in zip(grads, grads_ce, strict=True))
+    assert diff > 1e-4
+
+
+@pytest.mark.parametrize("method", ["ewc", "mas"])
+def test_parameters_without_gradient_have_zero_importance(method):
+    """A feature that is always 0 gives its first-layer weights no gradient: importance 0.
+    A new class's output row starts with importance 0."""
+    Zb, yb = blobs([0, 1], 15, seed=1)
+    Zb[:, 3] = 0.0
+    learner = make_learner(method, base_epochs=2).fit_base(Zb, yb)
+    Z, y = blobs([0, 1], 10, seed=2)
+    Z[:, 3] = 0.0
+    for z, c in zip(Z, y, strict=True):
+        learner.learn_one(z, int(c))
+    W1, W1_frozen = learner.omega[0], learner.omega_frozen[0]  # (256, DIM)
+    assert torch.count_nonzero(W1[:, 3]) == 0 and torch.count_nonzero(W1_frozen[:, 3]) == 0
+    assert W1[:, [0, 1, 2, 4]].max() > 0 and W1_frozen[:, [0, 1, 2, 4]].max() > 0
+    z2 = blobs([2], 1, seed=4)[0][0]
+    z2[3] = 0.0
+    learner.learn_one(z2, 2)  # class 2 arrives: anchor refreshed with its row at importance 0
+    assert learner.omega_frozen[-2].shape == (3, 256)
+    assert torch.count_nonzero(learner.omega_frozen[-2][2]) == 0
+    assert learner.omega_frozen[-1][2] == 0
+    assert learner.omega[-1][2] > 0  # its first step gave the running estimate some
+    assert torch.count_nonzero(learner.omega[0][:, 3]) == 0
+
+
+def test_new_class_rows_start_with_zero_importance_before_any_step():
+    learner = EWC(base_epochs=2).fit_base(*blobs([0, 1], 15, seed=1))
+    old = [o.clone() for o in learner.omega]
+    learner._encode_new([2])  # what learn_one does before the step: the output grows
+    assert learner.omega[-2].shape == (3, 256)
+    assert torch.count_nonzero(learner.omega[-2][2]) == 0 and learner.omega[-1][2] == 0
+    assert torch.equal(learner.omega[-2][:2], old[-2]) and torch.equal(learner.omega[0], old[0])
+    assert torch.equal(learner.anchor[-2], learner.net.params[-2].detach())  # refreshed
+
+
+@pytest.mark.parametrize("method", ["ewc", "mas"])
+def test_anchor_refreshes_at_new_labels_and_every_R_samples_only(method):
+    learner = make_learner(method, refresh_every=5, base_epochs=2)
+    learner.fit_base(*blobs([0, 1], 15, seed=1))
+    Z01, y01 = blobs([0, 1], 6, seed=2)  # 12 samples of known classes
+    Z2, y2 = blobs([2], 7, seed=3)  # class 2 arrives at step 13
+    stream = list(zip(Z01, y01, strict=True)) + list(zip(Z2, y2, strict=True))
+    refreshed = []
+    for step, (z, c) in enumerate(stream, start=1):
+        params = [p.detach().clone() for p in learner.net.params]
+        anchor = [a.clone() for a in learner.anchor]
+        omega = [o.clone() for o in learner.omega]
+        frozen = [f.clone() for f in learner.omega_frozen]
+        learner.learn_one(z, int(c))
+        if not torch.equal(hidden(learner.anchor), hidden(anchor)):
+            refreshed.append(step)
+            # theta* = the parameters and the penalty's Omega = the running Omega, just before
+            assert torch.equal(hidden(learner.anchor), hidden(params))
+            assert torch.equal(learner.anchor[-2][:len(params[-2])], params[-2])
+            assert torch.equal(hidden(learner.omega_frozen), hidden(omega))
+        else:
+            assert torch.equal(hidden(learner.omega_frozen), hidden(frozen))
+            assert not torch.equal(hidden(learner.omega), hidden(omega))  # running one moves
+    assert refreshed == [6, 11, 13, 18]
+
+
+@pytest.mark.parametrize("method", ["ewc", "mas"])
+def test_larger_lambda_keeps_parameters_closer_to_the_anchor(method):
+    """A class-incremental stream: the anchor is set when class 2 arrives; the importance-
+    weighted distance to it at the end shrinks as lam grows."""
+    state = make_learner(method, base_epochs=3).fit_base(*blobs([0, 1], 20, seed=1))
+    state = state.state_dict()
+    Z, y = blobs([2], 40, seed=5)
+
+    def distance(lam):
+        learner = make_learner(method, lam=lam, base_epochs=3)
+        learner.load_state_dict({**state, "params": learner.get_params()})
+        for z, c in zip(Z, y, strict=True):
+            learner.learn_one(z, int(c))
+        return float(sum((w * (p.detach() - a) ** 2).sum() for w, p, a in zip(
+            learner.omega_frozen, learner.net.params, learner.anchor, strict=True)))
+
+    lams = [0.0, 1.0, 10.0, 100.0, 1000.0] if method == "mas" else [0.0, 1e3, 1e4, 1e5, 1e6]
+    d = [distance(lam) for lam in lams]
+    assert all(a > b for a, b in zip(d, d[1:], strict=False)), d
+    assert d[-1] < 0.5 * d[0], d
+
+
+def test_curvature_cap_keeps_lambda_500_stable():
+    """With importance 1 everywhere, lr * lam * Omega = 0.01 * 500 = 5 > 2 (1 + 0.9): without
+    the cap, heavy-ball SGD on the penalty multiplies the distance to the anchor by ~2.8 per
+    step and training diverges; with the cap (curvature <= 1 / lr) it stays bounded."""
+    base = EWC(base_epochs=2).fit_base(*blobs([0, 1], 15, seed=1))
+    for o in base.omega:
+        o.fill_(1.0)
+    base._refresh()
+    state = base.state_dict()
+    Z, y = blobs([0, 1], 100, seed=2)
+
+    def run(max_penalty_step):
+        learner = EWC(max_penalty_step=max_penalty_step, base_epochs=2)
+        learner.load_state_dict({**state, "params": learner.get_params()})
+        for z, c in zip(Z, y, strict=True):
+            learner.learn_one(z, int(c))
+        return learner
+
+    with pytest.raises(FloatingPointError, match="diverged"):
+        run(float("inf"))
+    learner = run(1.0)
+    assert max(float(c.max()) for c in learner._curv) == pytest.approx(1.0 / learner.lr)
+    drift = max(float((p.detach() - a).abs().max()) for p, a in zip(learner.net.params,
+                                                                   learner.anchor, strict=True))
+    assert np.isfinite(drift) and drift < 1.0
+
+
+# ---------------------------------------------------------------------------- VCL family
+def test_vcl_is_ciosl_without_replay_and_distillation():
+    """Same seed, same stream (no base init, whose scoring draws CIOSL alone makes): VCL's
+    posterior equals CIOSL's with lambda2 = 0, N1' = N2' = 0, bit for bit."""
+    Z, y = class_by_class([0, 1, 2], 15, seed=1)
+    vcl = VCL(mc_samples=1, refresh_every=7)
+    ciosl = make_learner("ciosl", lambda2=0.0, n_replay=0, n_distill=0, mc_samples=1,
+                         refresh_every=7)
+    for z, c in zip(Z, y, strict=True):
+        vcl.learn_one(z, int(c))
+        ciosl.learn_one(z, int(c))
+    assert torch.equal(vcl.net.theta, ciosl.net.theta)
+    assert torch.equal(vcl.net.prior_mu, ciosl.net.prior_mu)
+    assert not hasattr(vcl, "memory") and "memory" not in vcl.state_dict()["state"]
+
+
+def prefix(net, flat):
+    """The hidden layers' part of a flat (P,) BNN tensor: its prefix (the output layer is last
+    and is the only one that grows)."""
+    return flat[:sum(m.numel() for m in net.mu_l[:-2])]
+
+
+@pytest.mark.parametrize("refresh,expected", [("every", [8, 15, 22, 29]), ("class", [11, 21])])
+def test_vcl_prior_after_a_refresh_is_the_previous_posterior(refresh, expected):
+    learner = VCL(prior_refresh=refresh, refresh_every=7).fit_base(*blobs([0, 1], 20, seed=1))
+    net = learner.net
+    assert torch.equal(net.prior_mu, net.mu) and torch.equal(net.prior_sigma, net.sigma())
+    Z, y = class_by_class([0, 2, 3], 10, seed=2)  # class 2 at step 11, class 3 at step 21
+    refreshed = []
+    for step, (z, c) in enumerate(zip(Z, y, strict=True), start=1):
+        net = learner.net
+        mu, sigma = prefix(net, net.mu).clone(), prefix(net, net.sigma()).clone()
+        prior = prefix(net, net.prior_mu).clone()
+        learner.learn_one(z, int(c))
+        net = learner.net
+        if not torch.equal(prefix(net, net.prior_mu), prior):
+            refreshed.append(step)
+            assert torch.equal(prefix(net, net.prior_mu), mu)  # bit for bit
+            assert torch.equal(prefix(net, net.prior_sigma), sigma)
+        assert not torch.equal(prefix(net, net.mu), mu)  # the posterior moves at every step
+    assert refreshed == expected
+
+
+def test_coreset_only_prior_is_always_the_initial_prior():
+    learner = CoresetOnly(buffer=15, finetune_epochs=2, prior_sigma=0.7)
+    learner.fit_base(*blobs([0, 1], 20, seed=1))
+    Z, y = class_by_class([0, 2, 3], 10, seed=2)
+    for z, c in zip(Z, y, strict=True):
+        learner.learn_one(z, int(c))
+        assert torch.count_nonzero(learner.net.prior_mu) == 0
+        assert torch.equal(learner.net.prior_sigma, torch.full_like(learner.net.prior_sigma, 0.7))
+    head = learner.finetuned_head()  # the fine-tuning's prior too
+    assert torch.count_nonzero(head.prior_mu) == 0
+    assert torch.equal(head.prior_sigma, torch.full_like(head.prior_sigma, 0.7))
+    assert "prior_refresh" not in learner.get_params()
+    assert not torch.equal(learner.net.mu, torch.zeros_like(learner.net.mu))
+
+
+def test_vcl_coreset_finetunes_a_copy_with_the_posterior_as_prior():
+    learner = VCLCoreset(buffer=15, finetune_epochs=2).fit_base(*blobs([0, 1], 20, seed=1))
+    Z, y = blobs([0, 1, 2], 5, seed=2)
+    for z, c in zip(Z, y, strict=True):
+        learner.learn_one(z, int(c))
+    head = learner.finetuned_head()
+    assert head is not learner.net
+    assert torch.equal(head.prior_mu, learner.net.mu)  # the prior of the fine-tuning is q~_t
+    assert torch.equal(head.prior_sigma, learner.net.sigma())
+    assert not torch.equal(head.mu, learner.net.mu)  # and it moved away from it
+
+
+def _state_equal(a, b) -> bool:
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_state_equal(a[k], b[k]) for k in a)
+    if isinstance(a, list | tuple):
+        return len(a) == len(b) and all(_state_equal(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, torch.Tensor):
+        return torch.equal(a, b)
+    return a == b
+
+
+@pytest.mark.parametrize("prediction", ["mean", "mc"])
+def test_vcl_coreset_inference_leaves_the_posterior_alone_but_changes_predictions(prediction):
+    Zb, yb = blobs([0, 1], 20, seed=1)
+    Z, y = class_by_class([2, 3], 15, seed=2)
+    Zt, _ = blobs([0, 1, 2, 3], 10, seed=9)
+    settings = {"prediction": prediction, "refresh_every": 10}
+    with_coreset = VCLCoreset(buffer=20, **settings).fit_base(Zb, yb)
+    plain = VCL(**settings).fit_base(Zb, yb)
+    untuned = VCLCoreset(buffer=20, finetune_epochs=0, **settings).fit_base(Zb, yb)
+    for z, c in zip(Z, y, strict=True):
+        for learner in (with_coreset, plain, untuned):
+            learner.learn_one(z, int(c))
+        if c == 3:  # predicting in between changes nothing of what the learner does next
+            before = with_coreset.state_dict()
+            with_coreset.predict_proba(Zt)
+            assert _state_equal(with_coreset.state_dict(), before)
+    # the streamed posterior is VCL's, bit for bit (the coreset only uses the numpy generator)
+    assert torch.equal(with_coreset.net.theta, plain.net.theta)
+    P, P_vcl = with_coreset.predict_proba(Zt), plain.predict_proba(Zt)
+    assert np.abs(P - P_vcl).max() > 1e-2
+    np.testing.assert_array_equal(untuned.predict_proba(Zt), P_vcl)  # 0 epochs: VCL itself
+
+
+def test_finetuned_copy_is_cached_until_the_next_update(monkeypatch):
+    learner = VCLCoreset(buffer=10, finetune_epochs=1).fit_base(*blobs([0, 1], 10, seed=1))
+    calls = []
+    finetune = learner._finetune
+    monkeypatch.setattr(learner, "_finetune", lambda: calls.append(1) or finetune())
+    Zt, _ = blobs([0, 1], 5, seed=9)
+    P = learner.predict_proba(Zt)
+    np.testing.assert_array_equal(learner.predict_proba(Zt), P)
+    assert len(calls) == 1
+    learner.learn_one(Zt[0], 0)
+    learner.predict(Zt)
+    assert len(calls) == 2
+    restored = VCLCoreset(buffer=10, finetune_epochs=1).load_state_dict(learner.state_dict())
+    np.testing.assert_array_equal(restored.predict_proba(Zt), learner.predict_proba(Zt))
+
+
+def test_finetuning_kl_weight_is_the_coreset_elbo_with_a_curvature_cap(monkeypatch):
+    seen = []
+    train = BayesHead._train
+
+    def spy(self, X, Y, **kw):
+        seen.append((len(Y), kw["kl_scale"]))
+        return train(self, X, Y, **kw)
+
+    monkeypatch.setattr(BayesHead, "_train", spy)
+    big = VCLCoreset(buffer=200).fit_base(*blobs([0, 1], 100, seed=1))
+    big.predict(blobs([0], 1, seed=2)[0])
+    assert seen[-1] == (200, pytest.approx(1.0 / 200))  # lambda1 / |C|
+    tiny = VCLCoreset(buffer=200)
+    Z, y = blobs([0, 1], 2, seed=3)
+    for z, c in zip(Z[:3], y[:3], strict=True):  # no base init: 3 items in the coreset
+        tiny.learn_one(z, int(c))
+    P = tiny.predict_proba(Z)
+    n, kl = seen[-1]
+    s_min = float(tiny.net.sigma().min())  # ~ init_sigma 0.02: the fine-tuning's prior
+    assert n == 3 and kl == pytest.approx(s_min ** 2 / tiny.lr) and kl < 1.0 / 3  # capped
+    assert np.isfinite(P).all()
+
+
+@pytest.mark.parametrize("cls,replacement", [
+    (VCLCoreset, "reservoir"), (VCLCoreset, "class_balanced_random"),
+    (CoresetOnly, "reservoir")])
+def test_coreset_never_exceeds_capacity(cls, replacement):
+    learner = cls(buffer=13, replacement=replacement, finetune_epochs=1)
+    learner.fit_base(*blobs([0, 1], 10, seed=1))
+    assert learner.memory_size() == 13
+    Z, y = class_by_class([2, 3, 4], 15, seed=2)
+    for z, c in zip(Z, y, strict=True):
+        learner.learn_one(z, int(c))
+        assert learner.memory_size() <= 13
+    counts = learner.memory.class_counts()
+    assert learner.memory_size() == sum(counts.values()) == 13
+    if replacement == "class_balanced_random":
+        # evictions from the largest class (ties: the oldest) keep every class >= 13 // 5
+        assert min(counts.values()) >= 2 and len(counts) == 5
+
+
+def test_reservoir_coreset_is_a_uniform_sample_of_the_stream():
+    """Every stream position is held with probability capacity / n: over seeds, the early and
+    the late half of the stream are held equally often."""
+    Z, y = blobs([0, 1], 30, seed=1)  # 60 distinct rows
+    early = late = 0
+    for seed in range(30):
+        learner = VCLCoreset(buffer=10, finetune_epochs=0, seed=seed)
+        for z, c in zip(Z, y, strict=True):
+            learner.learn_one(z, int(c))
+        held = learner.memory.z[:10].numpy()  # (10, d): which stream rows they are
+        pos = [int(np.flatnonzero((Z == row).all(axis=1))[0]) for row in held]
+        early += sum(p < 30 for p in pos)
+        late += sum(p >= 30 for p in pos)
+    assert early + late == 300 and abs(early - late) < 50
+
+
+def test_single_pass_flags_and_settings():
+    assert VCLCoreset.violates_single_pass and CoresetOnly.violates_single_pass
+    assert not (EWC.violates_single_pass or VCL.violates_single_pass)
+    assert not make_learner("mas").violates_single_pass
+    assert EWC().lam == 500.0 and make_learner("mas").lam == 1.0
+    with pytest.raises(ValueError, match="valid choices"):
+        VCLCoreset(replacement="lawrrr")
+    with pytest.raises(ValueError, match="buffer"):
+        VCLCoreset(buffer=0)
+    with pytest.raises(ValueError, match="max_penalty_step"):
+        EWC(max_penalty_step=0.0)
