@@ -174,6 +174,30 @@ def check_state_round_trip(cls, settings) -> None:
     np.testing.assert_array_equal(restored.predict_proba(Zt), learner.predict_proba(Zt))
 
 
+def check_save_load(cls, settings) -> None:
+    """(6b) Learner.save -> Learner.load (a fresh object of the saved class, read with
+    weights_only=True) predicts identically and continues learning identically."""
+    import tempfile
+    from pathlib import Path
+
+    Zb, yb, Zs, ys = class_stream()
+    Zt, _ = held_out()
+    half = len(ys) // 2
+    learner = learn(cls(**settings).fit_base(Zb, [INT_LABELS[k] for k in yb]), Zs[:half],
+                    ys[:half])
+    with tempfile.TemporaryDirectory() as d:
+        path = learner.save(Path(d) / "learner.ciosl")
+        loaded = Learner.load(path)
+        same_class = cls.load(path)
+    assert type(loaded) is cls and type(same_class) is cls
+    assert loaded.get_params() == learner.get_params()
+    np.testing.assert_array_equal(loaded.predict_proba(Zt), learner.predict_proba(Zt))
+    learn(learner, Zs[half:], ys[half:])
+    learn(loaded, Zs[half:], ys[half:])
+    assert loaded.classes_ == learner.classes_
+    np.testing.assert_array_equal(loaded.predict_proba(Zt), learner.predict_proba(Zt))
+
+
 def check_memory_capacity(cls, settings) -> None:
     """(7) A learner with a replay ``buffer`` never holds more than ``buffer`` samples.
     Learners without a ``buffer`` setting have nothing to check."""
@@ -246,5 +270,5 @@ def check_metadata(cls, settings) -> None:
 
 
 CHECKS = [check_constructor, check_emerging_classes, check_probabilities,
-          check_predict_is_argmax, check_same_seed, check_state_round_trip,
+          check_predict_is_argmax, check_same_seed, check_state_round_trip, check_save_load,
           check_memory_capacity, check_above_chance, check_bad_input, check_metadata]

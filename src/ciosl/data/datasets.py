@@ -435,6 +435,8 @@ def load_features(path: str | Path) -> RawDataset:
           raise bad(f"{s}_y must be a 1-D integer array; got {y.dtype} {y.shape}")
         if len(x) != len(y):
           raise bad(f"{s}_z has {len(x)} rows but {s}_y has {len(y)} labels")
+        if len(x) == 0:
+            raise bad(f"no {'training' if s == 'train' else 'test'} samples ({s}_z is empty)")
         if not np.isfinite(x).all():
           raise bad(f"{s}_z has NaN or infinite values")
         z[s] = x.astype(np.float32)

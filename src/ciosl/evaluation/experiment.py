@@ -17,10 +17,23 @@ from typing import Any
 import numpy as np
 
 import ciosl
-from ciosl.data.orderings import check_kind, limit_per_class, make_ordering
+from ciosl.data.orderings import Ordering, check_kind, limit_per_class, make_ordering
 from ciosl.data.types import DatasetSpec, FeatureSet
+from ciosl.evaluation.checkpoint import (
+    checkpoint_path,
+    identity,
+    load_checkpoint,
+    remove_stale_temporaries,
+    save_checkpoint,
+)
 from ciosl.evaluation.metrics import mean_std, omega_all
-from ciosl.evaluation.protocol import OfflineSettings, offline_accuracy, run_stream, subset_train
+from ciosl.evaluation.protocol import (
+    OfflineSettings,
+    Regime,
+    offline_accuracy,
+    run_stream,
+    subset_train,
+)
 from ciosl.fileio import atomic_write_json
 from ciosl.learners.base import Learner, get_method, parse_value
 
@@ -42,6 +55,11 @@ class ExperimentSpec:
     out_dir: str | Path | None = None
     cache_dir: str | Path | None = None
     data_root: str | Path | None = None
+    checkpoint_every: int = 0  # samples between checkpoints (0: none); needs out_dir
+    regime: str = "streaming"  # streaming | online | batch (evaluation.protocol.Regime)
+    batch_size: int = 10  # mini-batch size of the online and batch regimes
+    epochs: int = 5  # epochs per task of the batch regime
+    resume: bool = False  # continue from the checkpoint next to the result JSON, if any
 
 
 def parse_assignments(items: Sequence[str]) -> dict[str, str]:
@@ -85,10 +103,17 @@ def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-")
 
 
-def result_path(out_dir: str | Path, dataset: str, ordering: str, method: str) -> Path:
+def result_path(out_dir: str | Path, dataset: str, ordering: str, method: str,
+                regime: str = "streaming") -> Path:
+    """``<dataset>_<ordering>_<method>[_<regime>].json`` (no suffix for streaming)."""
     if dataset.startswith("features:"):
         dataset = "features-" + Path(dataset.split(":", 1)[1]).stem
-    return Path(out_dir) / f"{_safe(dataset)}_{ordering}_{_safe(method)}.json"
+    suffix = "" if regime == "streaming" else f"_{regime}"
+    return Path(out_dir) / f"{_safe(dataset)}_{ordering}_{_safe(method)}{suffix}.json"
+
+
+def regime_of(exp: ExperimentSpec) -> Regime:
+    return Regime(exp.regime, batch_size=exp.batch_size, epochs=exp.epochs)
 
 
 def validate(exp: ExperimentSpec) -> tuple[DatasetSpec, type[Learner], dict[str, Any]]:
@@ -108,9 +133,20 @@ def validate(exp: ExperimentSpec) -> tuple[DatasetSpec, type[Learner], dict[str,
         )
     if not exp.seeds:
         raise ValueError("no runs requested")
+    if exp.checkpoint_every < 0:
+        raise ValueError(f"--checkpoint-every must be >= 0, got {exp.checkpoint_every}")
+    if (exp.checkpoint_every or exp.resume) and exp.out_dir is None:
+        raise ValueError("checkpoints live next to the result JSON: --checkpoint-every and "
+                         "--resume need an output folder")
     if exp.limit_per_class is not None and exp.limit_per_class < 1:
         raise ValueError(f"--limit-per-class must be >= 1, got {exp.limit_per_class}")
     cls = get_method(exp.method)
+    regime = regime_of(exp)
+    if regime.name not in cls.regimes:
+        raise ValueError(
+            f"method {cls.name!r} does not support the {regime.name} regime"
+            f"{' (' + cls.regime_note + ')' if cls.regime_note else ''}; valid regimes for it: "
+            f"{', '.join(cls.regimes)}")
     settings = resolve_settings(cls, spec, exp.ordering, exp.buffer, exp.settings)
     return spec, cls, settings
 
@@ -127,46 +163,49 @@ def load_features(exp: ExperimentSpec, spec: DatasetSpec) -> FeatureSet:
     return fs
 
 
-def run_experiment(exp: ExperimentSpec, *,
-                   on_start: Callable[[int], None] | None = None,
-                   on_progress: Callable[[int], None] | None = None,
-                   on_run: Callable[[dict], None] | None = None) -> dict:
-    """Run every seed of one cell; returns (and writes, if ``out_dir``) the result dict.
-
-    ``on_start(total_samples)`` once the work is known, ``on_progress(n)`` as samples are
-    learned, ``on_run(run)`` after each seed.
-    """
-    spec, cls, settings = validate(exp)
-    fs = load_features(exp, spec)
-    offline = OfflineSettings(
+def offline_settings(exp: ExperimentSpec, spec: DatasetSpec) -> OfflineSettings:
+    return OfflineSettings(
         epochs=exp.offline_epochs or spec.offline_epochs, batch_size=spec.offline_batch_size)
-    cache_dir = Path(exp.cache_dir) if exp.cache_dir else None
-    orderings = [
-        make_ordering(exp.ordering, fs.train_y, seed=s, base_fraction=spec.base_fraction,
-                      classes_per_step=spec.classes_per_step, instances=fs.train_instance,
-                      frames=fs.train_frame)
-        for s in exp.seeds
-    ]
-    if on_start is not None:
-        on_start(sum(len(o.stream) for o in orderings))
-    started = time.time()
-    runs = []
-    for ordering in orderings:
-        learner = cls(**settings, seed=ordering.seed)
-        run = run_stream(learner, fs, ordering, progress=on_progress)
-        run["accuracy_offline"] = [offline_accuracy(fs, ordering, t, offline, cache_dir)
-                                   for t in range(len(ordering.events))]
-        run["omega_all"] = omega_all(run["accuracy"], run["accuracy_offline"])
-        runs.append(run)
-        if on_run is not None:
-            on_run(run)
+
+
+def stream_ordering(exp: ExperimentSpec, spec: DatasetSpec, fs: FeatureSet, seed: int) -> Ordering:
+    """The base-init indices, stream and testing events of one run."""
+    return make_ordering(exp.ordering, fs.train_y, seed=seed, base_fraction=spec.base_fraction,
+                         classes_per_step=spec.classes_per_step, instances=fs.train_instance,
+                         frames=fs.train_frame)
+
+
+def offline_curve(fs: FeatureSet, ordering: Ordering, offline: OfflineSettings,
+                  cache_dir: Path | None) -> list[float]:
+    """The offline reference accuracy at every testing event of ``ordering`` (cached)."""
+    return [offline_accuracy(fs, ordering, t, offline, cache_dir)
+            for t in range(len(ordering.events))]
+
+
+def run_seed(exp: ExperimentSpec, cls: type[Learner], settings: dict[str, Any], fs: FeatureSet,
+             ordering: Ordering, offline: OfflineSettings, cache_dir: Path | None,
+             **stream: Any) -> dict:
+    """One run of a cell: a fresh learner through ``run_stream(..., **stream)``, then its
+    offline reference and Omega_all. Shared by ``run_experiment`` and ``ciosl sweep``."""
+    learner = cls(**settings, seed=ordering.seed)
+    run = run_stream(learner, fs, ordering, regime=regime_of(exp), **stream)
+    run["accuracy_offline"] = offline_curve(fs, ordering, offline, cache_dir)
+    run["omega_all"] = omega_all(run["accuracy"], run["accuracy_offline"])
+    return run
+
+
+def aggregate(exp: ExperimentSpec, spec: DatasetSpec, cls: type[Learner],
+              settings: dict[str, Any], fs: FeatureSet, offline: OfflineSettings,
+              runs: list[dict], *, wall_seconds: float) -> dict:
+    """The result JSON of a cell from its runs (in ``exp.seeds`` order), without ``path``."""
     omega_mean, omega_std = mean_std([r["omega_all"] for r in runs])
     final_mean, final_std = mean_std([r["accuracy"][-1] for r in runs])
     result = {
         "dataset": exp.dataset,
         "ordering": exp.ordering,
         "method": cls.name,
-        "violates_single_pass": cls.violates_single_pass,
+        "violates_single_pass": cls.violates_single_pass or exp.regime == "batch",
+        "regime": regime_of(exp).__dict__,
         "extractor": fs.extractor,
         "features_key": fs.key,
         "feature_dim": fs.dim,
@@ -184,11 +223,69 @@ def run_experiment(exp: ExperimentSpec, *,
         "samples_per_second": float(np.mean([r["samples_per_second"] for r in runs])),
         "predict_seconds": float(np.mean([r["predict_seconds"] for r in runs])),
         "peak_memory_bytes": int(max(r["peak_memory_bytes"] for r in runs)),
-        "wall_seconds": time.time() - started,
+        "wall_seconds": wall_seconds,
         "versions": {"ciosl": ciosl.__version__, "python": platform.python_version(),
                      "numpy": np.__version__, "torch": __import__("torch").__version__},
     }
+    return result
+
+
+def run_experiment(exp: ExperimentSpec, *,
+                   on_start: Callable[[int], None] | None = None,
+                   on_progress: Callable[[int], None] | None = None,
+                   on_run: Callable[[dict], None] | None = None,
+                   on_resume: Callable[[int, int], None] | None = None) -> dict:
+    """Run every seed of one cell; returns (and writes, if ``out_dir``) the result dict.
+
+    ``on_start(total_samples)`` once the work is known, ``on_progress(n)`` as samples are
+    learned, ``on_run(run)`` after each seed, ``on_resume(runs_done, position)`` when a
+    checkpoint is picked up (``position``: streamed samples of the run in progress).
+    """
+    spec, cls, settings = validate(exp)
+    fs = load_features(exp, spec)
+    offline = offline_settings(exp, spec)
+    cache_dir = Path(exp.cache_dir) if exp.cache_dir else None
+    orderings = [stream_ordering(exp, spec, fs, s) for s in exp.seeds]
+    ident = identity({
+        "dataset": exp.dataset, "ordering": exp.ordering, "method": cls.name,
+        "seeds": [int(x) for x in exp.seeds], "settings": settings, "features": fs.key,
+        "limit_per_class": exp.limit_per_class, "offline": offline.__dict__,
+        "regime": regime_of(exp).__dict__})
+    ckpt = None
+    if exp.out_dir is not None and (exp.checkpoint_every or exp.resume):
+        ckpt = checkpoint_path(result_path(exp.out_dir, exp.dataset, exp.ordering, cls.name, exp.regime))
+        remove_stale_temporaries(ckpt)
+    saved = load_checkpoint(ckpt, ident) if ckpt is not None and exp.resume else None
+    runs: list[dict] = list(saved["runs"]) if saved else []
+    elapsed = float(saved["wall_seconds"]) if saved else 0.0
+    current = saved["current"] if saved else None
+    if saved and on_resume is not None:
+        on_resume(len(runs), current["position"] if current else 0)
+    if on_start is not None:
+        on_start(sum(len(o.stream) for o in orderings[len(runs):])
+                 - (current["position"] if current else 0))
+    started = time.time()
+
+    def save(state: dict | None) -> None:
+        save_checkpoint(ckpt, ident, {"runs": runs, "current": state,
+                                      "wall_seconds": elapsed + time.time() - started})
+
+    for ordering in orderings[len(runs):]:
+        run = run_seed(exp, cls, settings, fs, ordering, offline, cache_dir,
+                       progress=on_progress,
+                       checkpoint_every=exp.checkpoint_every if ckpt else 0,
+                       on_checkpoint=save, resume=current)
+        current = None
+        runs.append(run)
+        if ckpt is not None and exp.checkpoint_every:
+            save(None)
+        if on_run is not None:
+            on_run(run)
+    result = aggregate(exp, spec, cls, settings, fs, offline, runs,
+                       wall_seconds=elapsed + time.time() - started)
     if exp.out_dir is not None:
-        result["path"] = str(result_path(exp.out_dir, exp.dataset, exp.ordering, cls.name))
+        result["path"] = str(result_path(exp.out_dir, exp.dataset, exp.ordering, cls.name, exp.regime))
         atomic_write_json(result["path"], result)
+        if ckpt is not None:
+            ckpt.unlink(missing_ok=True)  # the result is complete: nothing left to resume
     return result

@@ -78,49 +78,144 @@ def offline_accuracy(fs: FeatureSet, ordering: Ordering, t: int, settings: Offli
     return acc
 
 
+StreamState = dict  # run_stream's resumable state, see run_stream
+REGIMES = ("streaming", "online", "batch")
+
+
+@dataclass(frozen=True)
+class Regime:
+    """How the stream reaches the learner (the paper's Figure 1).
+
+    - ``streaming``: one sample at a time, each seen once (``learn_one``);
+    - ``online``: consecutive mini-batches of ``batch_size`` samples, each seen once
+      (``learn_many``); batches never straddle a testing event;
+    - ``batch``: the samples between two testing events (a class step in the class orderings)
+      form one task, visited for ``epochs`` epochs of shuffled ``batch_size`` mini-batches
+      before the event's test. Revisits samples: not single-pass.
+    """
+
+    name: str = "streaming"
+    batch_size: int = 10
+    epochs: int = 5
+
+    def __post_init__(self) -> None:
+        if self.name not in REGIMES:
+            raise ValueError(f"unknown regime {self.name!r}; valid choices: {', '.join(REGIMES)}")
+        if self.batch_size < 1 or self.epochs < 1:
+            raise ValueError(f"--batch-size and --epochs must be >= 1, got {self.batch_size} "
+                             f"and {self.epochs}")
+
+
+def _chunks(regime: Regime, events: list[int], n_stream: int, every: int) -> list[int]:
+    """The stream positions after which the runner regains control (ascending, > 0): testing
+    events, progress reports, checkpoints (streaming); mini-batch ends (online); task ends
+    (batch). A checkpoint is taken at the first of them at or past each multiple of ``every``.
+    """
+    if regime.name == "batch":
+        return sorted({e for e in events if e > 0} | {n_stream})
+    if regime.name == "online":
+        cuts = sorted({0, n_stream, *events})
+        ends = set(cuts[1:])
+        for a, b in zip(cuts, cuts[1:], strict=False):  # batches restart at each testing event
+            ends |= set(range(a + regime.batch_size, b, regime.batch_size))
+        return sorted(ends)
+    stops = set(events) | set(range(0, n_stream + 1, PROGRESS_EVERY)) | {n_stream}
+    if every > 0:
+        stops |= set(range(0, n_stream + 1, every))
+    return sorted(s for s in stops if s > 0)
+
+
 def run_stream(learner: Learner, fs: FeatureSet, ordering: Ordering, *,
-               progress: Progress | None = None) -> dict:
+               progress: Progress | None = None, checkpoint_every: int = 0,
+               on_checkpoint: Callable[[StreamState], None] | None = None,
+               resume: StreamState | None = None, regime: Regime = Regime()) -> dict:
     """Base-initialize ``learner``, stream every sample once, test at each event.
 
     Returns per-event accuracies and sizes, the learning time per streamed sample (evaluation
-    excluded) and the peak size of the learner's state.
+    excluded) and the peak size of the learner's state. ``regime`` (see ``Regime``) chooses
+    how the stream is fed; the testing events are the same in every regime.
+
+    Crash safety: with ``checkpoint_every = N > 0``, ``on_checkpoint(state)`` is called after
+    base initialization and after every N streamed samples (online: at the end of the
+    mini-batch that reaches N; batch: at the end of the task; always after that position's
+    testing event) with a dict holding the learner's ``state_dict``, the stream position, the
+    partial results and the timings. ``run_stream(..., resume=state)`` on a fresh learner
+    continues from there and returns what the uninterrupted run would have returned (timings
+    aside).
     """
     Z, y = fs.train_z, fs.train_y
-    t0 = time.perf_counter()
-    learner.fit_base(Z[ordering.base], y[ordering.base])
-    base_seconds = time.perf_counter() - t0
-    acc, n_test, memory = [], [], []
-    learn_seconds, predict_seconds, pos = 0.0, 0.0, 0
-    for t, end in enumerate(ordering.events):
-        for lo in range(pos, int(end), PROGRESS_EVERY):
-            hi = min(int(end), lo + PROGRESS_EVERY)
-            t0 = time.perf_counter()
-            for i in ordering.stream[lo:hi]:
-                learner.learn_one(Z[i], y[i])
-            learn_seconds += time.perf_counter() - t0
-            if progress is not None:
-                progress(hi - lo)
-        pos = int(end)
-        mask = ordering.test_mask(fs.test_y, t)
-        t0 = time.perf_counter()
-        with torch.no_grad():
-            acc.append(accuracy(learner.predict(fs.test_z[mask]), fs.test_y[mask]))
-        predict_seconds += time.perf_counter() - t0  # includes any retraining before inference
-        n_test.append(int(mask.sum()))
-        memory.append(learner.memory_bytes())
+    events = [int(e) for e in ordering.events]
     n_stream = len(ordering.stream)
+    if resume is None:
+        t0 = time.perf_counter()
+        learner.fit_base(Z[ordering.base], y[ordering.base])
+        st: StreamState = {"position": 0, "accuracy": [], "n_test": [], "memory": [],
+                           "base_seconds": time.perf_counter() - t0, "learn_seconds": 0.0,
+                           "predict_seconds": 0.0}
+    else:
+        learner.load_state_dict(resume["learner"])
+        st = {k: v for k, v in resume.items() if k != "learner"}
+        st = {**st, **{k: list(st[k]) for k in ("accuracy", "n_test", "memory")}}
+
+    def evaluate_due() -> None:
+        while len(st["accuracy"]) < len(events) and events[len(st["accuracy"])] == st["position"]:
+            t = len(st["accuracy"])
+            mask = ordering.test_mask(fs.test_y, t)
+            t0 = time.perf_counter()
+            with torch.no_grad():
+                st["accuracy"].append(accuracy(learner.predict(fs.test_z[mask]), fs.test_y[mask]))
+            st["predict_seconds"] += time.perf_counter() - t0  # includes retraining, if any
+            st["n_test"].append(int(mask.sum()))
+            st["memory"].append(learner.memory_bytes())
+
+    def save() -> None:
+        if checkpoint_every > 0 and on_checkpoint is not None:
+            on_checkpoint({**st, "learner": learner.state_dict()})
+
+    def learn(lo: int, hi: int) -> None:
+        idx = ordering.stream[lo:hi]
+        if regime.name == "streaming":
+            for i in idx:
+                learner.learn_one(Z[i], y[i])
+        elif regime.name == "online":
+            learner.learn_many(Z[idx], y[idx])
+        else:  # one task, several epochs; the shuffles depend on the seed and the task only
+            gen = np.random.default_rng([ordering.seed, lo, hi])
+            for _ in range(regime.epochs):
+                perm = idx[gen.permutation(len(idx))]
+                for s in range(0, len(perm), regime.batch_size):
+                    b = perm[s:s + regime.batch_size]
+                    learner.learn_many(Z[b], y[b])
+
+    evaluate_due()
+    if resume is None:
+        save()
+    for stop in (c for c in _chunks(regime, events, n_stream, checkpoint_every)
+                 if c > st["position"]):
+        lo = st["position"]
+        t0 = time.perf_counter()
+        learn(lo, stop)
+        st["learn_seconds"] += time.perf_counter() - t0
+        if progress is not None:
+            progress(stop - lo)
+        st["position"] = stop
+        evaluate_due()
+        every = checkpoint_every
+        if every > 0 and stop < n_stream and stop // every > lo // every:
+            save()
+    learn_seconds = st["learn_seconds"]
     return {
         "seed": ordering.seed,
-        "events": [int(e) for e in ordering.events],
-        "n_test": n_test,
-        "accuracy": acc,
+        "events": events,
+        "n_test": st["n_test"],
+        "accuracy": st["accuracy"],
         "n_base": len(ordering.base),
         "n_stream": n_stream,
-        "base_seconds": base_seconds,
+        "base_seconds": st["base_seconds"],
         "learn_seconds": learn_seconds,
-        "predict_seconds": predict_seconds,
+        "predict_seconds": st["predict_seconds"],
         "seconds_per_sample": learn_seconds / max(1, n_stream),
         "samples_per_second": n_stream / learn_seconds if learn_seconds > 0 else float("inf"),
-        "peak_memory_bytes": max(memory),
+        "peak_memory_bytes": max(st["memory"]),
         "class_order": list(ordering.class_order),
     }

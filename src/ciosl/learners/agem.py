@@ -61,30 +61,39 @@ class AGEM(TinyER):
         super()._init_state(dim)
         self.n_projected = 0
 
-    def gradients(self, X: torch.Tensor, Y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Flat gradients (P,) of the first row's CE (g) and of the mean CE of the other rows
-        (g_ref, zeros when there are none); parameters' .grad untouched."""
+    def gradients(self, X: torch.Tensor, Y: torch.Tensor,
+                  n_new: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+        """Flat gradients (P,) of the mean CE of the first ``n_new`` rows (g) and of the mean
+        CE of the other rows (g_ref, zeros when there are none); parameters' .grad untouched."""
         params = self.net.params
-        logits = self.net(X)  # (1 + r, C)
-        loss = F.cross_entropy(logits[:1], Y[:1])
+        logits = self.net(X)  # (n_new + r, C)
+        loss = F.cross_entropy(logits[:n_new], Y[:n_new])
         check_finite(loss, X, name=self.name, n_seen=self.n_seen_, lr=self.lr)
-        g = torch.autograd.grad(loss, params, retain_graph=len(Y) > 1)
-        if len(Y) > 1:
-            g_ref = torch.autograd.grad(F.cross_entropy(logits[1:], Y[1:]), params)
+        g = torch.autograd.grad(loss, params, retain_graph=len(Y) > n_new)
+        if len(Y) > n_new:
+            g_ref = torch.autograd.grad(F.cross_entropy(logits[n_new:], Y[n_new:]), params)
         else:
             g_ref = [torch.zeros_like(p) for p in params]
         flat = lambda ts: torch.cat([t.reshape(-1) for t in ts])  # noqa: E731
         return flat(g), flat(g_ref)
 
     def _learn_one(self, z: np.ndarray, yi: int) -> None:
-        g, g_ref = self.gradients(*self._replay(z, yi))  # (P,), (P,)
+        self._learn_batch(z[None], np.array([yi]))
+
+    def _learn_batch(self, Z: np.ndarray, yi: np.ndarray) -> None:
+        """The mini-batch's gradient projected against the memory's (streaming: a batch of
+        one); the new samples are then offered to the memory in order."""
+        X = torch.from_numpy(np.ascontiguousarray(Z))  # (b, d)
+        g, g_ref = self.gradients(*self._with_replay(X, torch.from_numpy(yi)),
+                                  n_new=len(yi))  # (P,), (P,)
         g_tilde = project(g, g_ref)
         self.n_projected += g_tilde is not g
         for p, gp in zip(self.net.params, g_tilde.split([p.numel() for p in self.net.params]),
                          strict=True):
             p.grad = gp.view_as(p)
         self.opt.step(self.net.params)
-        self._offer(z, yi)
+        for z, k in zip(Z, yi, strict=True):
+            self._offer(z, int(k))
 
     def _state(self) -> dict[str, Any]:
         return {**super()._state(), "n_projected": self.n_projected}

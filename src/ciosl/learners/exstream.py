@@ -196,3 +196,12 @@ class ExStream(FineTune):
         Xr, Yr = self._replay()  # (r, d), (r,)
         self._step(torch.cat([x[None], Xr]), torch.cat([torch.tensor([yi]), Yr]))
         self._insert(x, yi)
+
+    def _learn_batch(self, Z: np.ndarray, yi: np.ndarray) -> None:
+        """Online / batch regimes: one step on the mini-batch + N1' prototypes, then each new
+        sample is inserted in order."""
+        X = torch.from_numpy(np.ascontiguousarray(Z))  # (b, d)
+        Xr, Yr = self._replay()  # (r, d), (r,)
+        self._step(torch.cat([X, Xr]), torch.cat([torch.from_numpy(yi), Yr]))
+        for x, k in zip(X, yi.tolist(), strict=True):
+            self._insert(x, k)

@@ -73,6 +73,10 @@ class FineTune(Learner):
     def _learn_one(self, z: np.ndarray, yi: int) -> None:
         self._step(torch.from_numpy(z)[None], torch.tensor([yi]))  # (1, d), (1,)
 
+    def _learn_batch(self, Z: np.ndarray, yi: np.ndarray) -> None:
+        """Online / batch regimes: one SGD step on the mini-batch's mean cross-entropy."""
+        self._step(torch.from_numpy(np.ascontiguousarray(Z)), torch.from_numpy(yi))
+
     def _predict_proba(self, Z: np.ndarray) -> np.ndarray:
         return self.net.predict_proba(Z)  # (n, n_seen), under torch.no_grad
 

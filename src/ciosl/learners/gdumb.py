@@ -48,6 +48,8 @@ _NO_LOGITS = torch.zeros(0)
 class GDumb(Learner):
     name = "gdumb"
     violates_single_pass = True
+    regimes = ("streaming", "online")
+    regime_note = ("its greedy class-balanced sampler would store the same sample several times")
     description = ("class-balanced greedy memory; head retrained from scratch on it before "
                    "each inference")
     help = {

@@ -30,6 +30,8 @@ def merge_means(mu: torch.Tensor, n: torch.Tensor, Z: torch.Tensor, yi: torch.Te
 @register
 class NCM(Learner):
     name = "ncm"
+    regimes = ("streaming", "online")
+    regime_note = ("a running class mean: visiting a task for several epochs counts its samples several times")
     description = "nearest class mean (running per-class means, Euclidean distance)"
     help = {
         "temperature": "softmax temperature on negative squared distances (predict_proba)",

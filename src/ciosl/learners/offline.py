@@ -42,6 +42,8 @@ from ciosl.learners.head import HIDDEN, MLP, train_offline
 class Offline(Learner):
     name = "offline"
     violates_single_pass = True
+    regimes = ("streaming", "online")
+    regime_note = ("it stores every sample once; epochs over a task would store duplicates")
     description = ("upper bound: the MLP head retrained from scratch on everything seen, as the "
                    "offline reference (Omega_all = 1 by construction)")
     help = {

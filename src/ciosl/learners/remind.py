@@ -175,15 +175,21 @@ class Remind(FineTune):
             self._store(code, c)
 
     def _learn_one(self, z: np.ndarray, yi: int) -> None:
-        codes = self.encode(z[None])  # (1, code_size_)
-        Y = torch.tensor([yi])  # (1,)
+        self._learn_batch(z[None], np.array([yi]))
+
+    def _learn_batch(self, Z: np.ndarray, yi: np.ndarray) -> None:
+        """New rows quantized and reconstructed, plus N1' reconstructed replays, one step; the
+        new codes are then stored in order (streaming: a batch of one)."""
+        codes = self.encode(Z)  # (b, code_size_)
+        Y = torch.from_numpy(np.asarray(yi, np.int64))  # (b,)
         k = min(self.n_replay, self._size)
         if k:
             slots = torch.from_numpy(self.rng.choice(self._size, size=k, replace=False))  # (r,)
             codes = np.concatenate([codes, self.codes[slots].numpy()])  # (1 + r, code_size_)
             Y = torch.cat([Y, self.labels[slots]])  # (1 + r,)
         self._step(torch.from_numpy(self.decode(codes)), Y)
-        self._store(codes[0], yi)
+        for c, label in zip(codes[:len(yi)], np.asarray(yi).tolist(), strict=True):
+            self._store(c, label)
 
     def _predict_proba(self, Z: np.ndarray) -> np.ndarray:
         return self.net.predict_proba(np.ascontiguousarray(self.reconstruct(Z)))  # (n, n_seen)

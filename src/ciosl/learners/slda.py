@@ -36,6 +36,8 @@ from ciosl.learners.ncm import merge_means
 @register
 class SLDA(Learner):
     name = "slda"
+    regimes = ("streaming", "online")
+    regime_note = ("running class means and covariance: several epochs count the same samples several times")
     description = "Deep streaming LDA: class means + one shared streaming covariance"
     help = {
         "shrinkage": "eps in Lambda = ((1 - eps) Sigma + eps I)^-1",

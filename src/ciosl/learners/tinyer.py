@@ -76,7 +76,10 @@ class TinyER(FineTune):
 
     def _replay(self, z: np.ndarray, yi: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The new sample followed by up to N1' uniform memory items: (1 + r, d), (1 + r,)."""
-        X, Y = torch.from_numpy(z)[None], torch.tensor([yi])  # (1, d), (1,)
+        return self._with_replay(torch.from_numpy(z)[None], torch.tensor([yi]))  # (1, d), (1,)
+
+    def _with_replay(self, X: torch.Tensor, Y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """New rows (b, d), (b,) followed by up to N1' uniform memory items."""
         if len(self.memory) and self.n_replay:
             Zm, ym = self.memory.batch(self.memory.sample_uniform(self.n_replay, self.rng))
             X, Y = torch.cat([X, Zm]), torch.cat([Y, ym])
@@ -85,6 +88,14 @@ class TinyER(FineTune):
     def _learn_one(self, z: np.ndarray, yi: int) -> None:
         self._step(*self._replay(z, yi))  # mean CE over the joint batch
         self._offer(z, yi)
+
+    def _learn_batch(self, Z: np.ndarray, yi: np.ndarray) -> None:
+        """Online / batch regimes: one step on the mini-batch + N1' replays, then each new
+        sample is offered to the memory in order."""
+        X = torch.from_numpy(np.ascontiguousarray(Z))  # (b, d)
+        self._step(*self._with_replay(X, torch.from_numpy(yi)))
+        for z, k in zip(Z, yi, strict=True):
+            self._offer(z, int(k))
 
     def _state(self) -> dict[str, Any]:
         return {**super()._state(), "memory": self.memory.state()}
