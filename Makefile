@@ -1,4 +1,5 @@
-# `make demo`: install and run the main job on the built-in digits data.
+# `make demo`: install and run the main job on the built-in digits data: a sweep of CIOSL against
+#   the baselines (configs/demo-digits.toml), then the report (results/demo-digits/report.md).
 # `make test`: install and run the test suite.
 PYTHON ?= python3
 PIP = $(PYTHON) -m pip
@@ -9,18 +10,22 @@ install:
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e ".[dev]"
 
-# Fashion-MNIST from Debian (optional; needs root). Tests that need it use it when present.
+# From Debian (optional; needs root): Fashion-MNIST, and headless Chromium with its WebDriver for
+# the test that renders the HTML report in a browser. Tests that need them use them when present
+# (under CI they never skip).
 data:
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	  (apt-get update -qq && apt-get install -y -qq dataset-fashion-mnist >/dev/null) \
+	  apt-get update -qq || echo "warning: apt-get update failed"; \
+	  apt-get install -y -qq dataset-fashion-mnist >/dev/null \
 	  || echo "warning: could not install dataset-fashion-mnist"; \
-	else echo "not root: skipping apt-get install dataset-fashion-mnist"; fi
+	  apt-get install -y -qq chromium chromium-driver >/dev/null \
+	  || echo "warning: could not install chromium chromium-driver"; \
+	else echo "not root: skipping apt-get install dataset-fashion-mnist chromium chromium-driver"; fi
 
 demo: install
-	ciosl run --dataset digits --ordering class_iid --method ciosl --runs 3 --out results
-	ciosl run --dataset digits --ordering class_iid --method slda --runs 3 --out results --quiet
-	ciosl run --dataset digits --ordering class_iid --method ncm --runs 3 --out results --quiet
-	ciosl run --dataset digits --ordering class_iid --method finetune --runs 3 --out results --quiet
+	ciosl sweep configs/demo-digits.toml
+	ciosl report results/demo-digits
+	ciosl report results/demo-digits --format html
 
 test: install data
 	$(PYTHON) -m pytest

@@ -43,6 +43,19 @@ def build_parser() -> argparse.ArgumentParser:
                      "~/.cache/ciosl)")
     run.add_argument("--data", default=None, help="dataset folder (overrides the search path)")
     run.add_argument("--quiet", action="store_true", help="no per-event tables")
+    run.add_argument("--checkpoint-every", type=int, default=0, metavar="N",
+                     help="write a crash-safe checkpoint every N streamed samples (next to the "
+                     "result JSON; removed when the experiment completes)")
+    run.add_argument("--regime", default="streaming", choices=("streaming", "online", "batch"),
+                     help="streaming: one sample at a time (default); online: mini-batches of "
+                     "--batch-size, one pass; batch: each class step is a task visited for "
+                     "--epochs epochs")
+    run.add_argument("--batch-size", type=int, default=10,
+                     help="mini-batch size of the online and batch regimes (default 10)")
+    run.add_argument("--epochs", type=int, default=5,
+                     help="epochs per task of the batch regime (default 5)")
+    run.add_argument("--resume", action="store_true",
+                     help="continue from the experiment's checkpoint, if there is one")
     run.add_argument("--threads", type=int, default=1, help="torch threads (default 1: "
                      "one-sample steps are fastest single-threaded; run seeds in parallel instead)")
 
@@ -57,6 +70,26 @@ def build_parser() -> argparse.ArgumentParser:
     feat.add_argument("--data", default=None)
     feat.add_argument("--download", action="store_true", help="download the dataset if absent")
     feat.add_argument("--rebuild", action="store_true", help="recompute even if cached")
+
+    sweep = sub.add_parser("sweep", help="run every cell of an experiment grid (configs/*.toml), "
+                           "resumable, on local processes or a Ray cluster")
+    sweep.add_argument("config", help="grid file, e.g. configs/demo-digits.toml")
+    sweep.add_argument("--executor", choices=("local", "ray"), default="local",
+                       help="local processes (default) or a Ray cluster (pip install ciosl[ray])")
+    sweep.add_argument("--workers", type=int, default=None,
+                       help="runs at a time (default: the CPUs here, or the Ray cluster's)")
+    sweep.add_argument("--address", default=None,
+                       help="Ray cluster address, e.g. auto or ray://HOST:10001 (default: "
+                       "start a local Ray instance)")
+    sweep.add_argument("--out", default=None, help="output folder (default: the grid's `out`)")
+    sweep.add_argument("--dry-run", action="store_true",
+                       help="check the grid and list its cells; run nothing")
+
+    report = sub.add_parser("report", help="tables and figures from a folder of result JSONs")
+    report.add_argument("results", help="folder of result JSONs (searched recursively)")
+    report.add_argument("--format", choices=("md", "html"), default="md")
+    report.add_argument("--out", default=None,
+                        help="report file (default: RESULTS/report.md or RESULTS/report.html)")
     return p
 
 
@@ -80,6 +113,29 @@ def main(argv: list[str] | None = None) -> int:
                 args.dataset, args.extractor, weights=args.weights,
                 cache_dir=f"{args.cache}/features" if args.cache else None,
                 root=args.data, download=args.download, rebuild=args.rebuild))
+        elif args.command == "sweep":
+            from ciosl.evaluation.grid import load_grid
+            from ciosl.evaluation.sweep import plan, run_sweep
+
+            grid = load_grid(args.config, out=args.out)
+            if args.dry_run:
+                out.print_sweep_plan(grid, plan(grid))
+                return 0
+            try:
+                with out.sweep_monitor() as monitor:
+                    summary = run_sweep(grid, executor=args.executor, workers=args.workers,
+                                        address=args.address, monitor=monitor)
+            except KeyboardInterrupt:
+                out.err_console.print("interrupted: finished runs are saved; the same command "
+                                      "resumes the sweep")
+                return 130
+            out.print_sweep_summary(summary)
+            return 1 if summary.failed else 0
+        elif args.command == "report":
+            from ciosl.report.build import write_report
+
+            report = write_report(args.results, fmt=args.format, out=args.out)
+            out.print_report(report)
         elif args.command == "run":
             import torch
 
@@ -96,12 +152,13 @@ def main(argv: list[str] | None = None) -> int:
                 extractor=args.extractor, weights=args.weights, buffer=args.buffer,
                 settings=parse_assignments(args.settings), limit_per_class=args.limit_per_class,
                 offline_epochs=args.offline_epochs, out_dir=args.out, cache_dir=args.cache,
-                data_root=args.data)
+                data_root=args.data, checkpoint_every=args.checkpoint_every, resume=args.resume,
+                regime=args.regime, batch_size=args.batch_size, epochs=args.epochs)
             with out.sample_progress(f"{args.method} {args.dataset}/{args.ordering}") as (
                     on_start, on_progress):
                 result = run_experiment(
                     exp, on_start=on_start, on_progress=on_progress,
-                    on_run=None if args.quiet else out.print_run)
+                    on_run=None if args.quiet else out.print_run, on_resume=out.print_resume)
             out.print_result(result)
     except (ValueError, FileNotFoundError, RuntimeError) as e:
         out.err_console.print(f"[red]error:[/] {e}")

@@ -46,6 +46,11 @@ def print_run(run: dict) -> None:
     console.print(table)
 
 
+def print_resume(runs_done: int, position: int) -> None:
+    err_console.print(f"resuming from the checkpoint: {runs_done} run(s) done, the next one at "
+                      f"stream position {position}")
+
+
 def print_result(result: dict) -> None:
     om, fa = result["omega_all"], result["final_accuracy"]
     console.print(
@@ -82,6 +87,9 @@ def print_methods(methods) -> None:
     for name, cls in methods.items():
         flag = " [red](violates single pass)[/]" if cls.violates_single_pass else ""
         table.add_row(f"[bold]{name}[/]{flag}", "", "", cls.description, end_section=False)
+        if set(cls.regimes) != {"streaming", "online", "batch"}:
+            table.add_row("", "regimes", ", ".join(cls.regimes),
+                          f"not the others: {cls.regime_note}", end_section=False)
         settings = [s for s in cls.settings() if s.name != "seed"]
         for i, s in enumerate(settings):
             choices = f" (one of {', '.join(map(str, s.choices))})" if s.choices else ""
@@ -93,3 +101,82 @@ def print_methods(methods) -> None:
 def print_features(fs) -> None:
     console.print(f"{fs.dataset} / {fs.extractor}: train {fs.train_z.shape}, "
                   f"test {fs.test_z.shape}, {fs.n_classes} classes, cache key {fs.key}")
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "eta ?"
+    seconds = int(round(seconds))
+    h, rest = divmod(seconds, 3600)
+    return f"eta {h}:{rest // 60:02d}:{rest % 60:02d}" if h else f"eta {rest // 60}:{rest % 60:02d}"
+
+
+class SweepMonitor:
+    """Progress of a sweep: runs done / running / left / failed and the time left (rich), plus
+    one line per finished cell and per failed run."""
+
+    def __init__(self, bar: Progress):
+        self.bar = bar
+        self.runs = bar.add_task("runs", total=None, info="", eta="eta ?")
+        self.offline = bar.add_task("offline refs", total=None, info="", eta="")
+
+    def update(self, s) -> None:
+        self.bar.update(self.runs, total=s.runs, completed=s.skipped + s.done + s.failed,
+                        info=f"{s.running} running, {s.left} left"
+                             + (f", {s.skipped} done before" if s.skipped else "")
+                             + (f", [red]{s.failed} failed[/]" if s.failed else ""),
+                        eta=_duration(s.eta) if s.left + s.running else "")
+        self.bar.update(self.offline, total=s.offline, completed=s.offline_done,
+                        info=f"{s.offline_running} running" if s.offline_running else "")
+
+    def run_done(self, cell, seed, run, seconds) -> None:
+        pass
+
+    def run_failed(self, cell, seed, error) -> None:
+        err_console.print(f"[red]failed:[/] {cell.id} seed {seed}: {error}", highlight=False)
+
+    def cell_done(self, cell, result) -> None:
+        om = result["omega_all"]
+        console.print(f"{cell.id}: Omega_all = {om['mean']:.4f} +- {om['std']:.4f} "
+                      f"({len(result['runs'])} runs)", highlight=False)
+
+
+@contextmanager
+def sweep_monitor():
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("{task.fields[info]}"), TimeElapsedColumn(),
+                  TextColumn("{task.fields[eta]}"), console=err_console,
+                  disable=not err_console.is_terminal) as bar:
+        yield SweepMonitor(bar)
+
+
+def print_sweep_plan(grid, rows) -> None:
+    table = Table(title=f"{grid.name}: {len(grid.cells)} cells x {len(grid.seeds)} runs -> "
+                  f"{grid.out}", title_justify="left")
+    for col in ("cell", "settings", "runs done"):
+        table.add_column(col, overflow="fold")
+    for cell, done in rows:
+        settings = " ".join(f"{k}={v}" for k, v in cell.settings.items())
+        table.add_row(cell.id, settings, f"{len(done)}/{len(grid.seeds)}")
+    console.print(table)
+
+
+def print_sweep_summary(summary) -> None:
+    console.print(
+        f"sweep: {summary.cells} cells, {summary.runs} runs: {summary.computed} computed, "
+        f"{summary.skipped} already done, {len(summary.failed)} failed, "
+        f"{summary.wall_seconds:.0f} s; results in {summary.out}")
+    for f in summary.failed:
+        err_console.print(f"[red]failed:[/] {f['cell']} seed {f['seed']}: {f['error']}",
+                          highlight=False)
+
+
+def print_report(report) -> None:
+    main = report.markdown("main")
+    if main is not None:
+        console.print(main, highlight=False, markup=False, soft_wrap=True)
+    def n(count: int, what: str) -> str:
+        return f"{count} {what}{'' if count == 1 else 's'}"
+
+    console.print(f"{n(len(report.entries), 'result')}, {n(len(report.tables), 'table')}, "
+                  f"{n(len(report.figures), 'figure')}: written to {report.path}", highlight=False)

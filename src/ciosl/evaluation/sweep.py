@@ -1,0 +1,484 @@
+"""Sweeps: every (cell, seed) run of a grid, on local processes or a Ray cluster, resumable.
+
+Work happens in three steps:
+
+1. the driver validates the grid and loads every dataset's features once (computing and caching
+   them if needed), so no two workers ever extract the same features;
+2. one *offline task* per stream (features, ordering, seed) trains the offline reference
+   learners of that stream and caches their accuracies; they do not depend on the method, so
+   every cell of the stream reuses them;
+3. one *run task* per (cell, seed): a fresh learner through the stream. The driver writes each
+   finished run atomically to ``OUT/runs/<cell>/seed-<seed>.json`` and, once every seed of a cell
+   is there, the cell's result to ``OUT/<cell>.json`` in the format ``ciosl run`` writes (built by
+   the same ``experiment.aggregate``), plus a ``sweep`` entry naming the grid, cell and variant.
+
+A run file carries the fingerprint of its cell (dataset, ordering, method, resolved settings,
+features, offline settings, regime): re-running the same command skips the runs whose file is
+there with the same fingerprint, so an interrupted sweep resumes where it stopped, and a changed
+setting recomputes exactly the cells it changes.
+
+Feature caches and offline references live in the cache folder (``cache`` in the grid, else
+``$CIOSL_CACHE`` or ``~/.cache/ciosl``) and are written atomically (unique temporary file, then
+rename): workers and machines that share the folder share them, and two writers of the same entry
+leave one complete file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import json
+import multiprocessing
+import os
+import re
+import time
+from collections import OrderedDict, deque
+from collections.abc import Iterable
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor
+from concurrent.futures import wait as wait_futures
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Protocol
+
+from ciosl.data.types import DatasetSpec, FeatureSet
+from ciosl.evaluation.experiment import (
+    ExperimentSpec,
+    aggregate,
+    load_features,
+    offline_curve,
+    offline_settings,
+    run_seed,
+    stream_ordering,
+    validate,
+)
+from ciosl.evaluation.grid import Cell, Grid
+from ciosl.evaluation.protocol import OfflineSettings
+from ciosl.fileio import atomic_write_bytes, atomic_write_json, read_json
+from ciosl.learners.base import Learner
+
+EXECUTORS = ("local", "ray")
+RUN_FORMAT = 1
+
+
+# ---------------------------------------------------------------------------- the plan
+
+
+@dataclass
+class CellInfo:
+    """What the driver knows about a cell once its features are loaded."""
+
+    cell: Cell
+    exp: ExperimentSpec
+    spec: DatasetSpec
+    cls: type[Learner]
+    settings: dict[str, Any]
+    fs: FeatureSet  # metadata only: train_z / test_z are emptied
+    offline: OfflineSettings
+    fingerprint: str
+
+
+@dataclass
+class Status:
+    """Counts for a progress display. ``eta``: seconds left (None: not known yet)."""
+
+    runs: int  # runs in the grid
+    skipped: int  # finished before this sweep started
+    done: int = 0  # finished by this sweep
+    failed: int = 0
+    running: int = 0
+    offline: int = 0  # offline tasks (one per stream with runs left)
+    offline_done: int = 0
+    offline_running: int = 0
+    eta: float | None = None
+
+    @property
+    def left(self) -> int:
+        return self.runs - self.skipped - self.done - self.failed - self.running
+
+
+class Monitor(Protocol):
+    def update(self, status: Status) -> None: ...
+    def run_done(self, cell: Cell, seed: int, run: dict, seconds: float) -> None: ...
+    def run_failed(self, cell: Cell, seed: int, error: str) -> None: ...
+    def cell_done(self, cell: Cell, result: dict) -> None: ...
+
+
+@dataclass
+class SweepSummary:
+    out: Path
+    cells: int
+    runs: int
+    skipped: int
+    computed: int
+    failed: list[dict] = field(default_factory=list)  # {"cell", "seed", "error"}
+    results: list[str] = field(default_factory=list)  # aggregate JSONs written by this sweep
+    wall_seconds: float = 0.0
+
+
+def run_file(out: Path, cell: Cell, seed: int) -> Path:
+    return Path(out) / "runs" / cell.id / f"seed-{seed}.json"
+
+
+def result_file(out: Path, cell: Cell) -> Path:
+    return Path(out) / f"{cell.id}.json"
+
+
+def _fingerprint(obj: Any) -> str:
+    text = json.dumps(obj, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+def _features_id(exp: ExperimentSpec) -> tuple:
+    return (exp.dataset, exp.extractor, exp.weights, str(exp.cache_dir), str(exp.data_root),
+            exp.limit_per_class)
+
+
+def _regime_fields(exp: ExperimentSpec) -> dict[str, Any]:
+    return {k: getattr(exp, k) for k in ("regime", "batch_size", "epochs") if hasattr(exp, k)}
+
+
+def prepare(grid: Grid) -> list[CellInfo]:
+    """Validate every cell and load each dataset's features once (the driver's step 1)."""
+    metadata: dict[tuple, FeatureSet] = {}
+    infos = []
+    for cell in grid.cells:
+        exp = grid.experiment(cell)
+        spec, cls, settings = validate(exp)
+        fid = _features_id(exp)
+        if fid not in metadata:
+            fs = load_features(exp, spec)  # computes and caches the features if needed
+            metadata[fid] = replace(fs, train_z=fs.train_z[:0], test_z=fs.test_z[:0])
+        fs = metadata[fid]
+        offline = offline_settings(exp, spec)
+        fingerprint = _fingerprint({
+            "format": RUN_FORMAT, "dataset": exp.dataset, "ordering": exp.ordering,
+            "method": cls.name, "settings": settings, "features": fs.key,
+            "limit_per_class": exp.limit_per_class, "offline": offline.__dict__,
+            **_regime_fields(exp)})
+        infos.append(CellInfo(cell, exp, spec, cls, settings, fs, offline, fingerprint))
+    return infos
+
+
+def _finished(out: Path, info: CellInfo, seed: int) -> dict | None:
+    saved = read_json(run_file(out, info.cell, seed))
+    if (isinstance(saved, dict) and saved.get("fingerprint") == info.fingerprint
+            and saved.get("seed") == seed and isinstance(saved.get("run"), dict)):
+        return saved
+    return None
+
+
+def write_result(grid: Grid, out: Path, info: CellInfo) -> dict:
+    """The cell's result JSON from its run files (all seeds must be there)."""
+    saved = [_finished(out, info, s) for s in grid.seeds]
+    missing = [s for s, x in zip(grid.seeds, saved, strict=True) if x is None]
+    if missing:
+        raise RuntimeError(f"cell {info.cell.id}: no finished run for seed(s) {missing}")
+    result = aggregate(info.exp, info.spec, info.cls, info.settings, info.fs, info.offline,
+                       [x["run"] for x in saved],
+                       wall_seconds=float(sum(x["wall_seconds"] for x in saved)))
+    result["sweep"] = {"grid": grid.name, "cell": info.cell.id, "variant": info.cell.variant,
+                       "set": dict(info.cell.settings), "regime": info.cell.regime,
+                       "fingerprint": info.fingerprint}
+    path = result_file(out, info.cell)
+    result["path"] = str(path)
+    atomic_write_json(path, result)
+    return result
+
+
+# ---------------------------------------------------------------------------- workers
+
+
+_FEATURES: OrderedDict[tuple, FeatureSet] = OrderedDict()  # per worker process, newest last
+
+
+def _worker_features(exp: ExperimentSpec, spec: DatasetSpec) -> FeatureSet:
+    fid = _features_id(exp)
+    if fid in _FEATURES:
+        _FEATURES.move_to_end(fid)
+    else:
+        _FEATURES[fid] = load_features(exp, spec)  # from the cache the driver filled
+        while len(_FEATURES) > 2:
+            _FEATURES.popitem(last=False)
+    return _FEATURES[fid]
+
+
+def execute(kind: str, exp: ExperimentSpec, seed: int) -> dict:
+    """One task, in a worker: ``offline`` (the stream's offline references) or ``run``."""
+    import torch
+
+    torch.set_num_threads(1)  # one-sample steps are fastest single-threaded; workers parallelize
+    started = time.perf_counter()
+    spec, cls, settings = validate(exp)
+    fs = _worker_features(exp, spec)
+    ordering = stream_ordering(exp, spec, fs, seed)
+    offline = offline_settings(exp, spec)
+    cache_dir = Path(exp.cache_dir) if exp.cache_dir else None
+    out: dict[str, Any] = {"features": fs.key}
+    if kind == "offline":
+        out["offline"] = offline_curve(fs, ordering, offline, cache_dir)
+    else:
+        out["run"] = run_seed(exp, cls, settings, fs, ordering, offline, cache_dir)
+    out["wall_seconds"] = time.perf_counter() - started
+    return out
+
+
+def _init_local_worker() -> None:
+    import torch
+
+    torch.set_num_threads(1)
+
+
+class _Local:
+    """A pool of spawned processes (``spawn``: no fork of the driver's threads or torch state)."""
+
+    def __init__(self, workers: int):
+        self.workers = workers
+        self._env = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+        for k, v in self._env.items():  # inherited by the workers (faiss, BLAS)
+            if v is None:
+                os.environ[k] = "1"
+        self.pool = ProcessPoolExecutor(max_workers=workers,
+                                        mp_context=multiprocessing.get_context("spawn"),
+                                        initializer=_init_local_worker)
+
+    def submit(self, *args: Any) -> Any:
+        return self.pool.submit(execute, *args)
+
+    def wait(self, handles: list, timeout: float) -> list[tuple[Any, dict | None, str | None]]:
+        done, _ = wait_futures(handles, timeout=timeout, return_when=FIRST_COMPLETED)
+        out = []
+        for f in done:
+            error = f.exception()
+            out.append((f, None if error else f.result(),
+                        None if error is None else f"{type(error).__name__}: {error}"))
+        return out
+
+    def close(self, cancel: bool, pending: list) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=cancel)
+        for k, v in self._env.items():
+            if v is None:
+                os.environ.pop(k, None)
+
+
+def import_ray():
+    try:
+        import ray
+    except ImportError:
+        raise RuntimeError("the Ray executor needs Ray: pip install 'ciosl[ray]' "
+                           "(or pip install ray)") from None
+    return ray
+
+
+class _Ray:
+    """Tasks on a Ray cluster: the one at ``address`` ("auto", "ray://host:10001"), the one this
+    process already joined, or a local one started here (and stopped at the end)."""
+
+    def __init__(self, workers: int | None, address: str | None):
+        ray = self.ray = import_ray()
+        self.started = False
+        if not ray.is_initialized():
+            kw: dict[str, Any] = {"include_dashboard": False}
+            if address is None and workers:
+                kw["num_cpus"] = workers
+            ray.init(address=address, **kw)
+            self.started = True
+        self.workers = workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
+        self.remote = ray.remote(num_cpus=1, max_retries=0)(execute)
+
+    def submit(self, *args: Any) -> Any:
+        return self.remote.remote(*args)
+
+    def wait(self, handles: list, timeout: float) -> list[tuple[Any, dict | None, str | None]]:
+        ready, rest = self.ray.wait(handles, num_returns=1, timeout=timeout)
+        if ready and rest:
+            more, _ = self.ray.wait(rest, num_returns=len(rest), timeout=0)
+            ready += more
+        out = []
+        for ref in ready:
+            try:
+                out.append((ref, self.ray.get(ref), None))
+            except Exception as e:  # the task's exception, re-raised by Ray
+                cause = getattr(e, "cause", None) or e
+                out.append((ref, None, f"{type(cause).__name__}: {cause}"))
+        return out
+
+    def close(self, cancel: bool, pending: list) -> None:
+        if cancel:  # interrupted: free the cluster's workers too
+            for ref in pending:
+                self.ray.cancel(ref, force=True)
+        if self.started:
+            self.ray.shutdown()
+
+
+def default_workers() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+# ---------------------------------------------------------------------------- the sweep
+
+
+@dataclass
+class _Stream:
+    exp: ExperimentSpec
+    seed: int
+    runs: list[tuple[CellInfo, int]]
+
+
+def run_sweep(grid: Grid, *, executor: str = "local", workers: int | None = None,
+              address: str | None = None, monitor: Monitor | None = None) -> SweepSummary:
+    """Run every (cell, seed) of ``grid`` not finished yet; see the module docstring."""
+    if executor not in EXECUTORS:
+        raise ValueError(f"unknown executor {executor!r}; valid choices: {', '.join(EXECUTORS)}")
+    if workers is not None and workers < 1:
+        raise ValueError(f"--workers must be >= 1, got {workers}")
+    if address is not None and executor != "ray":
+        raise ValueError("--address only applies with --executor ray")
+    if executor == "ray":
+        import_ray()  # a clear error now rather than after loading the features
+    started = time.time()
+    out = Path(grid.out)
+    infos = prepare(grid)
+    name = re.sub(r"[^A-Za-z0-9_.+-]+", "-", grid.name).strip("-") or "grid"
+    atomic_write_bytes(out / f"sweep-{name}.toml", grid.text.encode())  # read by the report
+
+    streams: dict[tuple, _Stream] = {}
+    skipped = 0
+    complete = []
+    for info in infos:
+        todo = [s for s in grid.seeds if _finished(out, info, s) is None]
+        skipped += len(grid.seeds) - len(todo)
+        if not todo:
+            complete.append(info)
+        for seed in todo:
+            key = (_features_id(info.exp), info.fs.key, info.exp.ordering, seed,
+                   tuple(sorted(info.offline.__dict__.items())))
+            streams.setdefault(key, _Stream(info.exp, seed, [])).runs.append((info, seed))
+    summary = SweepSummary(out=out, cells=len(infos), runs=len(infos) * len(grid.seeds),
+                           skipped=skipped, computed=0)
+    for info in complete:  # written already, unless its result is missing or stale
+        old = read_json(result_file(out, info.cell))
+        if not (isinstance(old, dict) and old.get("sweep", {}).get("fingerprint")
+                == info.fingerprint):
+            summary.results.append(_cell_done(grid, out, info, monitor))
+
+    status = Status(runs=summary.runs, skipped=skipped, offline=len(streams))
+    if monitor is not None:
+        monitor.update(status)
+    if streams:
+        _drive(grid, out, streams, status, summary, executor, workers, address, monitor)
+    summary.wall_seconds = time.time() - started
+    if monitor is not None:
+        monitor.update(status)
+    return summary
+
+
+def _cell_done(grid: Grid, out: Path, info: CellInfo, monitor: Monitor | None) -> str:
+    result = write_result(grid, out, info)
+    if monitor is not None:
+        monitor.cell_done(info.cell, result)
+    return result["path"]
+
+
+def _drive(grid: Grid, out: Path, streams: dict[tuple, _Stream], status: Status,
+           summary: SweepSummary, executor: str, workers: int | None, address: str | None,
+           monitor: Monitor | None) -> None:
+    ex: _Local | _Ray = (_Local(workers or default_workers()) if executor == "local"
+                         else _Ray(workers, address))
+    offline_queue = deque(streams.values())
+    # runs whose offline references are ready, cell by cell: cells complete (and their result
+    # JSON appears) one after another rather than all at the end
+    rank = {cell.id: i for i, cell in enumerate(grid.cells)}
+    run_queue: list[tuple[int, int, CellInfo]] = []
+    left = {}  # cell id -> seeds not finished yet
+    for stream in streams.values():
+        for info, seed in stream.runs:
+            left.setdefault(info.cell.id, set()).add(seed)
+    in_flight: dict[Any, tuple[str, Any, float]] = {}
+    run_seconds: list[float] = []
+    offline_seconds: list[float] = []
+    cancel = True
+    try:
+        while offline_queue or run_queue or in_flight:
+            while len(in_flight) < ex.workers and (offline_queue or run_queue):
+                if offline_queue:
+                    stream = offline_queue.popleft()
+                    handle = ex.submit("offline", stream.exp, stream.seed)
+                    in_flight[handle] = ("offline", stream, time.time())
+                else:
+                    _, seed, info = heapq.heappop(run_queue)
+                    handle = ex.submit("run", info.exp, seed)
+                    in_flight[handle] = ("run", (info, seed), time.time())
+            for handle, value, error in ex.wait(list(in_flight), timeout=0.5):
+                kind, item, _ = in_flight.pop(handle)
+                if kind == "offline":
+                    status.offline_done += 1
+                    if error is None:
+                        offline_seconds.append(value["wall_seconds"])
+                        for info, seed in item.runs:
+                            heapq.heappush(run_queue, (rank[info.cell.id], seed, info))
+                    else:
+                        for info, seed in item.runs:
+                            _failed(summary, status, monitor, info, seed,
+                                    f"offline reference: {error}")
+                    continue
+                info, seed = item
+                if error is None and value["features"] != info.fs.key:
+                    error = (f"the worker's features ({value['features']}) differ from the "
+                             f"driver's ({info.fs.key}): different data or cache on that machine")
+                if error is not None:
+                    _failed(summary, status, monitor, info, seed, error)
+                    continue
+                atomic_write_json(run_file(out, info.cell, seed), {
+                    "format": RUN_FORMAT, "cell": info.cell.id, "seed": seed,
+                    "fingerprint": info.fingerprint, "wall_seconds": value["wall_seconds"],
+                    "run": value["run"]})
+                summary.computed += 1
+                status.done += 1
+                run_seconds.append(value["wall_seconds"])
+                if monitor is not None:
+                    monitor.run_done(info.cell, seed, value["run"], value["wall_seconds"])
+                left[info.cell.id].discard(seed)
+                if not left[info.cell.id]:
+                    summary.results.append(_cell_done(grid, out, info, monitor))
+            kinds = [k for k, _, _ in in_flight.values()]
+            status.running, status.offline_running = kinds.count("run"), kinds.count("offline")
+            status.eta = _eta(status, ex.workers, run_seconds, offline_seconds,
+                              [t for k, _, t in in_flight.values()])
+            if monitor is not None:
+                monitor.update(status)
+        cancel = False
+    finally:
+        ex.close(cancel, list(in_flight))
+
+
+def _failed(summary: SweepSummary, status: Status, monitor: Monitor | None, info: CellInfo,
+            seed: int, error: str) -> None:
+    summary.failed.append({"cell": info.cell.id, "seed": seed, "error": error})
+    status.failed += 1
+    if monitor is not None:
+        monitor.run_failed(info.cell, seed, error)
+
+
+def _eta(status: Status, workers: int, run_seconds: list[float], offline_seconds: list[float],
+         running_since: Iterable[float]) -> float | None:
+    """Seconds left: the work left (mean task time so far) spread over the workers."""
+    if not run_seconds:
+        return None
+    per_run = sum(run_seconds) / len(run_seconds)
+    per_offline = sum(offline_seconds) / len(offline_seconds) if offline_seconds else per_run
+    now = time.time()
+    queued_offline = status.offline - status.offline_done - status.offline_running
+    work = (status.left * per_run + queued_offline * per_offline
+            + sum(max(0.0, per_run - (now - t)) for t in running_since))
+    return work / max(1, workers)
+
+
+def plan(grid: Grid) -> list[tuple[Cell, list[int]]]:
+    """(cell, seeds with a run file) for every cell, without loading any data (--dry-run)."""
+    return [(cell, [s for s in grid.seeds if run_file(grid.out, cell, s).is_file()])
+            for cell in grid.cells]
+
+

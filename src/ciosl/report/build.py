@@ -1,0 +1,90 @@
+"""``ciosl report``: the paper's tables and figures from a folder of result JSONs."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from ciosl.fileio import atomic_write_bytes
+from ciosl.report.html import render_html
+from ciosl.report.plots import Figure, make_figures
+from ciosl.report.results import Entry, load_entries, method_name
+from ciosl.report.tables import Table, build_tables, to_markdown
+
+FORMATS = ("md", "html")
+
+
+@dataclass
+class Report:
+    path: Path
+    fmt: str
+    tables: list[Table]
+    figures: list[Figure]
+    entries: list[Entry]
+
+    def markdown(self, kind: str = "main") -> str | None:
+        for table in self.tables:
+            if table.kind == kind:
+                return to_markdown(table)
+        return None
+
+
+def _grids(root: Path) -> list[tuple[str, str]]:
+    """The grid files a sweep left next to its results (``sweep-<name>.toml``)."""
+    out = []
+    for path in sorted(root.rglob("sweep-*.toml")):
+        try:
+            out.append((str(path.relative_to(root)), path.read_text()))
+        except OSError:
+            continue
+    return out
+
+
+def render_markdown(title: str, tables: list[Table], figures: list[Figure],
+                    entries: list[Entry], root: Path, base: Path) -> str:
+    parts = [f"# {title}", "", f"{len(entries)} results from `{root}`.", ""]
+    for table in tables:
+        parts += [f"## {table.title}", "", to_markdown(table), ""]
+        parts += [f"{n}  " for n in table.notes] + [""]
+    if figures:
+        parts += ["## Figures", ""]
+        for f in figures:
+            rel = os.path.relpath(f.path, base)
+            parts += [f"![{f.title}]({rel})", "", f"*{f.title}.* {f.caption}", ""]
+    parts += ["## Results used", "", "| result | method | dataset | ordering | regime | runs | "
+              "non-default settings | ciosl | torch |", "|---|---|---|---|---|---:|---|---|---|"]
+    for e in entries:
+        try:
+            name = str(e.path.relative_to(root))
+        except ValueError:
+            name = str(e.path)
+        v = e.data.get("versions") or {}
+        diff = ", ".join(f"{k}={x}" for k, x in sorted(e.diff.items())) or "(defaults)"
+        parts.append(f"| {name} | {method_name(e.method)} | {e.column.label} | "
+                     f"{e.column.ordering} | {e.regime} | {e.n_runs} | {diff} | "
+                     f"{v.get('ciosl', '?')} | {v.get('torch', '?')} |")
+    return "\n".join(parts) + "\n"
+
+
+def write_report(results: str | Path, *, fmt: str = "md", out: str | Path | None = None,
+                 title: str | None = None) -> Report:
+    """Read every result JSON under ``results`` and write the report (figures in a
+    ``figures/`` folder next to it; the HTML report also embeds them)."""
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown report format {fmt!r}; valid choices: {', '.join(FORMATS)}")
+    root = Path(results)
+    entries = load_entries(root)
+    if not entries:
+        raise FileNotFoundError(f"no result JSONs (from `ciosl run` or `ciosl sweep`) under "
+                                f"{root}")
+    path = Path(out) if out is not None else root / f"report.{fmt}"
+    title = title or f"ciosl report: {root.resolve().name}"
+    tables = build_tables(entries)
+    figures = make_figures(entries, tables, path.parent / "figures")
+    if fmt == "md":
+        text = render_markdown(title, tables, figures, entries, root, path.parent)
+    else:
+        text = render_html(title, tables, figures, entries, root, _grids(root))
+    atomic_write_bytes(path, text.encode())
+    return Report(path, fmt, tables, figures, entries)

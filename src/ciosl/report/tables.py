@@ -1,0 +1,291 @@
+"""The paper's tables from classified results, and their Markdown rendering.
+
+- ``main_table``: Table 2 — methods as rows, (ordering, dataset) as columns, Omega_all mean ± std
+  over runs, the best single-pass streaming method of each column in bold, methods that violate
+  single pass marked with a dagger, and the offline learner's mean accuracy (Offline-hat).
+- ``sampling_table``: memory replacement x sample selection (the paper's Table 4).
+- ``setting_tables``: one table per setting varied alone (lambda2, buffer, ...): Omega_all as a
+  function of that setting (lambda2 also crossed with selection/replacement, as in the paper).
+- ``regime_table``: batch / online / streaming versions of each method.
+- ``other_table``: every remaining result, so none is silently left out.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from ciosl.report.results import (
+    REGIME_ORDER,
+    Column,
+    Entry,
+    method_key,
+    method_name,
+    offline_mean,
+    pick,
+)
+
+DAGGER = "†"
+MISSING = "–"
+SAMPLING = ("selection", "replacement")
+SELECTION_ORDER = ("uniform", "uapn", "lapn")
+REPLACEMENT_ORDER = ("lawcbr", "lawrrr", "reservoir", "class_balanced_random")
+SETTING_FIRST = ("lambda2", "buffer")
+SETTING_EXTRAS = {"lambda2": SAMPLING}  # the paper crosses lambda2 with sampling/replacement
+
+
+@dataclass
+class Table:
+    kind: str  # main, sampling, setting, regimes, other
+    title: str
+    stub: list[str]  # headers of the row-label columns
+    columns: list[tuple[str, str]]  # (group, label) of each value column
+    rows: list[list[str]] = field(default_factory=list)  # stub cells, then value cells
+    bold: set[tuple[int, int]] = field(default_factory=set)  # (row, value column)
+    notes: list[str] = field(default_factory=list)
+    setting: str | None = None  # for kind == "setting"
+    series: list[tuple[str, list[tuple[Any, Entry]]]] = field(default_factory=list)  # plots
+
+    def header(self) -> list[str]:
+        return self.stub + [f"{g} · {lab}" if g else lab for g, lab in self.columns]
+
+
+def fmt(entry: Entry | None) -> str:
+    return MISSING if entry is None else f"{entry.mean:.4f} ± {entry.std:.4f}"
+
+
+def _bold_best(table: Table, cells: list[list[Entry | None]], eligible) -> None:
+    """Bold the highest mean of each value column among the eligible entries (ties: all)."""
+    for j in range(len(table.columns)):
+        col = [(i, row[j]) for i, row in enumerate(cells) if row[j] is not None
+               and eligible(row[j])]
+        if col:
+            best = max(e.mean for _, e in col)
+            table.bold |= {(i, j) for i, e in col if round(e.mean, 4) == round(best, 4)}
+
+
+def _streaming_single_pass(e: Entry) -> bool:
+    return not e.violates and e.method != "offline"
+
+
+def _runs_note(entries: list[Entry]) -> str:
+    n = sorted({e.n_runs for e in entries})
+    runs = f"{n[0]}" if len(n) == 1 else f"{n[0]}–{n[-1]}"
+    return f"Omega_all: mean ± std (sample std) over {runs} runs per cell."
+
+
+def main_table(entries: list[Entry]) -> Table | None:
+    chosen = [e for e in entries if e.regime == "streaming" and not e.diff]
+    if not chosen:
+        return None
+    cells: dict[tuple[str, Column], list[Entry]] = defaultdict(list)
+    for e in chosen:
+        cells[(e.method, e.column)].append(e)
+    columns = sorted({c for _, c in cells})
+    methods = sorted({m for m, _ in cells}, key=method_key)
+    table = Table("main", "Omega_all (Table 2)", ["Method"],
+                  [(c.ordering.replace("_", "-"), c.label) for c in columns])
+    grid: list[list[Entry | None]] = []
+    for m in methods:
+        row = [pick(cells[(m, c)]) if (m, c) in cells else None for c in columns]
+        grid.append(row)
+        violates = any(e is not None and e.violates for e in row)
+        table.rows.append([method_name(m) + (f" {DAGGER}" if violates else "")]
+                          + [fmt(e) for e in row])
+    _bold_best(table, grid, _streaming_single_pass)
+    hat = []
+    for j in range(len(columns)):
+        col = [row[j] for row in grid if row[j] is not None]
+        value = offline_mean(pick(col)) if col else None
+        hat.append(MISSING if value is None else f"{value:.4f}")
+    table.rows.append(["Offline accuracy (Offline-hat)"] + hat)
+    table.notes = [
+        _runs_note(chosen),
+        "Bold: the best single-pass streaming method of the column.",
+        f"{DAGGER} retrains or fine-tunes before inference, which violates the single-pass "
+        "constraint of streaming learning; never bold.",
+        "Offline-hat: the offline learner's accuracy averaged over testing events and runs "
+        f"(Omega_all divides by it event by event). {MISSING}: not run.",
+    ]
+    return table
+
+
+def _order(values: list[Any]) -> list[Any]:
+    if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+        return sorted(values)
+    return sorted(values, key=str)
+
+
+def _rank(value: str, order: tuple[str, ...]) -> tuple[int, str]:
+    return (order.index(value) if value in order else len(order), value)
+
+
+def sampling_table(entries: list[Entry], used: set[int]) -> Table | None:
+    """Replacement x selection per column (only columns with at least two combinations)."""
+    pool = [e for e in entries if e.regime == "streaming" and set(SAMPLING) <= set(e.effective)
+            and set(e.diff) <= set(SAMPLING)]
+    by_col: dict[Column, dict[tuple, list[Entry]]] = defaultdict(lambda: defaultdict(list))
+    for e in pool:
+        key = (e.method, e.effective["replacement"], e.effective["selection"])
+        by_col[e.column][key].append(e)
+    columns = sorted(c for c, combos in by_col.items() if len(combos) >= 2)
+    if not columns:
+        return None
+    keys = sorted({k for c in columns for k in by_col[c]},
+                  key=lambda k: (method_key(k[0]), _rank(k[1], REPLACEMENT_ORDER),
+                                 _rank(k[2], SELECTION_ORDER)))
+    several = len({k[0] for k in keys}) > 1
+    table = Table("sampling", "Omega_all: memory replacement x sample selection (Table 4)",
+                  (["Method"] if several else []) + ["Replacement", "Selection"],
+                  [(c.ordering.replace("_", "-"), c.label) for c in columns])
+    grid = []
+    for k in keys:
+        row = [pick(by_col[c][k]) if k in by_col[c] else None for c in columns]
+        grid.append(row)
+        used.update(id(e) for e in row if e is not None)
+        table.rows.append(([method_name(k[0])] if several else [])
+                          + [_sampling_text("replacement", k[1]),
+                             _sampling_text("selection", k[2])]
+                          + [fmt(e) for e in row])
+    _bold_best(table, grid, lambda e: True)
+    table.notes = [_runs_note([e for row in grid for e in row if e is not None]),
+                   "Bold: the best combination of the column."]
+    return table
+
+
+def setting_tables(entries: list[Entry], used: set[int]) -> list[Table]:
+    """One table per setting that varies alone (with its extras) in some column."""
+    names = {k for e in entries for k in e.diff} - set(SAMPLING)  # see sampling_table
+    ordered = [s for s in SETTING_FIRST if s in names] + sorted(names - set(SETTING_FIRST))
+    tables = []
+    for s in ordered:
+        extras = SETTING_EXTRAS.get(s, ())
+        pool = [e for e in entries if e.regime == "streaming" and s in e.effective
+                and set(e.diff) <= {s, *extras}]
+        series: dict[tuple, dict[Any, list[Entry]]] = defaultdict(lambda: defaultdict(list))
+        for e in pool:
+            extra = tuple((k, e.effective[k]) for k in extras if k in e.effective)
+            value = e.effective[s]
+            series[(e.column, method_key(e.method), e.method, extra)][_hashable(value)].append(e)
+        keep = sorted(k for k, points in series.items() if len(points) >= 2)
+        if not keep:
+            continue
+        several = len({k[2] for k in keep}) > 1
+        values = _order(list({v for k in keep for v in series[k]}))
+        table = Table("setting", f"Omega_all as a function of {s}", [s],
+                      [(k[0].title, _series_label(k[2], k[3], several)) for k in keep],
+                      setting=s)
+        grid = []
+        for v in values:
+            row = [pick(series[k][v]) if v in series[k] else None for k in keep]
+            grid.append(row)
+            used.update(id(e) for e in row if e is not None)
+            table.rows.append([_value_text(v)] + [fmt(e) for e in row])
+        for k in keep:
+            pts = [(v, pick(series[k][v])) for v in _order(list(series[k]))]
+            table.series.append((f"{k[0].title} · {_series_label(k[2], k[3], several)}", pts))
+        _bold_best(table, grid, lambda e: True)
+        table.notes = [_runs_note([e for row in grid for e in row if e is not None]),
+                       f"Bold: the best {s} of the column; the other settings are the defaults."]
+        tables.append(table)
+    return tables
+
+
+def _sampling_text(name: str, value: Any) -> str:
+    """LAWRRR, UAPN, Uniform: the paper's spelling of replacement and selection values."""
+    text = str(value)
+    return text.capitalize() if text in ("uniform", "reservoir") else text.upper()
+
+
+def _hashable(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value
+
+
+def _value_text(v: Any) -> str:
+    return ",".join(map(str, v)) if isinstance(v, tuple) else str(v)
+
+
+def _series_label(method: str, extra: tuple, several: bool) -> str:
+    parts = ([method_name(method)] if several or not extra else [])
+    parts += [_sampling_text(k, v) for k, v in extra]
+    return " / ".join(parts) if parts else method_name(method)
+
+
+def regime_table(entries: list[Entry]) -> Table | None:
+    """Batch / online / streaming versions of each method (columns with a non-streaming run)."""
+    pool = [e for e in entries if not e.diff]
+    regimes_of: dict[Column, set[str]] = defaultdict(set)
+    for e in pool:
+        regimes_of[e.column].add(e.regime)
+    columns = sorted(c for c, rs in regimes_of.items() if rs - {"streaming"})
+    if not columns:
+        return None
+    slots = [(c, r) for c in columns
+             for r in sorted(regimes_of[c], key=lambda r: _rank(r, REGIME_ORDER))]
+    cells: dict[tuple, list[Entry]] = defaultdict(list)
+    for e in pool:
+        cells[(e.method, e.column, e.regime)].append(e)
+    methods = sorted({m for m, c, _ in cells if c in columns}, key=method_key)
+    table = Table("regimes", "Omega_all: batch, online and streaming versions", ["Method"],
+                  [(c.title, r) for c, r in slots])
+    grid = []
+    for m in methods:
+        row = [pick(cells[(m, c, r)]) if (m, c, r) in cells else None for c, r in slots]
+        grid.append(row)
+        violates = any(e is not None and e.method_violates for e in row)
+        table.rows.append([method_name(m) + (f" {DAGGER}" if violates else "")]
+                          + [fmt(e) for e in row])
+        table.series.append((method_name(m), [((c.title, r), e) for (c, r), e
+                                              in zip(slots, row, strict=True) if e is not None]))
+    _bold_best(table, grid, lambda e: not e.method_violates and e.method != "offline")
+    table.notes = [_runs_note([e for row in grid for e in row if e is not None]),
+                   "batch: several epochs over each task's data in mini-batches; online: one "
+                   "pass in mini-batches; streaming: one sample at a time.",
+                   "Bold: the best method of the column among those that do not retrain before "
+                   f"inference ({DAGGER}). {MISSING}: not run."]
+    return table
+
+
+def other_table(entries: list[Entry], used: set[int]) -> Table | None:
+    """Results with non-default settings that no ablation table above shows."""
+    rest = [e for e in entries if e.diff and id(e) not in used and e.regime == "streaming"]
+    if not rest:
+        return None
+    columns = sorted({e.column for e in rest})
+    cells: dict[tuple, list[Entry]] = defaultdict(list)
+    for e in rest:
+        text = ", ".join(f"{k}={_value_text(_hashable(v))}" for k, v in sorted(e.diff.items()))
+        cells[(method_key(e.method), e.method, text, e.column)].append(e)
+    keys = sorted({k[:3] for k in cells})
+    table = Table("other", "Omega_all with other settings", ["Method", "Settings"],
+                  [(c.ordering.replace("_", "-"), c.label) for c in columns])
+    for k in keys:
+        row = [pick(cells[(*k, c)]) if (*k, c) in cells else None for c in columns]
+        table.rows.append([method_name(k[1]), k[2]] + [fmt(e) for e in row])
+    table.notes = [_runs_note(rest), "Settings: the values that differ from the defaults."]
+    return table
+
+
+def build_tables(entries: list[Entry]) -> list[Table]:
+    used: set[int] = set()
+    tables = [main_table(entries), sampling_table(entries, used),
+              *setting_tables(entries, used), regime_table(entries),
+              other_table(entries, used)]
+    return [t for t in tables if t is not None]
+
+
+def to_markdown(table: Table) -> str:
+    def esc(text: str) -> str:
+        return text.replace("|", "\\|")
+
+    header = table.header()
+    lines = [f"| {' | '.join(esc(h) for h in header)} |",
+             "|" + "|".join([":---"] * len(table.stub) + ["---:"] * len(table.columns)) + "|"]
+    for i, row in enumerate(table.rows):
+        cells = [esc(c) for c in row]
+        for j in range(len(table.columns)):
+            if (i, j) in table.bold:
+                cells[len(table.stub) + j] = f"**{cells[len(table.stub) + j]}**"
+        lines.append(f"| {' | '.join(cells)} |")
+    return "\n".join(lines)

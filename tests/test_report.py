@@ -1,0 +1,211 @@
+"""`ciosl report`: the paper's tables (bold best single-pass method, daggers, ablations), PNG
+figures, and an HTML page that a real browser renders with every image loaded."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+from pathlib import Path
+
+import matplotlib.image
+import pytest
+import torch
+
+from ciosl.cli import main
+from ciosl.data.datasets import get_spec
+from ciosl.evaluation.experiment import ExperimentSpec, resolve_settings, run_experiment
+from ciosl.learners.base import get_method
+from ciosl.report.build import write_report
+from ciosl.report.results import load_entries
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+DRIVER = shutil.which("chromedriver")
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory) -> dict:
+    """A real result JSON (ncm on a small digits subset), the model for the others."""
+    cache = tmp_path_factory.mktemp("cache")
+    return run_experiment(ExperimentSpec(dataset="digits", ordering="class_iid", method="ncm",
+                                         seeds=[0, 1], limit_per_class=10, cache_dir=cache))
+
+
+def fake(template: dict, folder: Path, method: str, ordering: str, omega: float,
+         name: str | None = None, regime: str | None = None, **overrides) -> Path:
+    """A result as `ciosl run --method METHOD --set ...` writes it, with Omega_all ``omega``."""
+    cls = get_method(method)
+    settings = resolve_settings(cls, get_spec("digits"), ordering, None,
+                                {k: str(v) for k, v in overrides.items()})
+    data = copy.deepcopy(template)
+    data.update(method=method, ordering=ordering,
+                violates_single_pass=cls.violates_single_pass or regime == "batch",
+                settings={**settings, "seed": "per run"}, omega_all={"mean": omega, "std": 0.01})
+    data.pop("path", None)
+    for run in data["runs"]:
+        run["accuracy"] = [min(1.0, a * omega) for a in run["accuracy_offline"]]
+    if regime is not None:
+        data["regime"] = {**data["regime"], "name": regime}
+    name = name or "_".join([ordering, method, *(f"{k}{v}" for k, v in overrides.items()),
+                             *([regime] if regime else [])])
+    path = folder / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data))
+    return path
+
+
+@pytest.fixture(scope="module")
+def results(template, tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("results")
+    main = [("finetune", "class_iid", 0.40), ("gdumb", "class_iid", 0.97),
+            ("tinyer", "class_iid", 0.93), ("ncm", "class_iid", 0.60),
+            ("ciosl", "class_iid", 0.95), ("tinyer", "iid", 0.96), ("ciosl", "iid", 0.90),
+            ("finetune", "iid", 0.30)]
+    for method, ordering, omega in main:
+        fake(template, folder / "main", method, ordering, omega)
+    sampling = {("uniform", "lawrrr"): 0.91, ("lapn", "lawrrr"): 0.94,
+                ("uniform", "lawcbr"): 0.88, ("uapn", "lawcbr"): 0.89, ("lapn", "lawcbr"): 0.96}
+    for (selection, replacement), omega in sampling.items():
+        fake(template, folder / "sampling", "ciosl", "class_iid", omega, selection=selection,
+             replacement=replacement)
+    for value, omega in [(0.0, 0.85), (0.1, 0.92), (0.5, 0.94), (1.0, 0.90)]:
+        fake(template, folder / "lambda2", "ciosl", "class_iid", omega, lambda2=value)
+    for value, omega in [(20, 0.80), (50, 0.90)]:
+        fake(template, folder / "buffer", "ciosl", "class_iid", omega, buffer=value)
+    for method, regime, omega in [("tinyer", "batch", 0.81), ("tinyer", "online", 0.71),
+                                  ("ciosl", "batch", 0.85)]:
+        fake(template, folder / "regimes", method, "class_iid", omega, regime=regime)
+    fake(template, folder / "other", "ciosl", "class_iid", 0.5, lambda1=0.5, n_replay=8)
+    # a sweep's run file and an unrelated JSON are not results
+    (folder / "main" / "runs" / "x").mkdir(parents=True)
+    (folder / "main" / "runs" / "x" / "seed-0.json").write_text(
+        json.dumps({"seed": 0, "run": template["runs"][0], "fingerprint": "f"}))
+    (folder / "notes.json").write_text("[1, 2]")
+    (folder / "main" / "sweep-demo.toml").write_text('name = "demo"\nmethods = ["ncm"]\n')
+    return folder
+
+
+@pytest.fixture(scope="module")
+def html_report(results, tmp_path_factory):
+    return write_report(results, fmt="html", out=tmp_path_factory.mktemp("html") / "r.html")
+
+
+def rows(table) -> dict[str, list[str]]:
+    return {" / ".join(r[:len(table.stub)]): r[len(table.stub):] for r in table.rows}
+
+
+def bold_cells(table) -> set[tuple[str, str]]:
+    header = table.header()[len(table.stub):]
+    return {(" / ".join(table.rows[i][:len(table.stub)]), header[j]) for i, j in table.bold}
+
+
+def test_every_result_is_read_recursively_and_nothing_else(results):
+    entries = load_entries(results)
+    assert len(entries) == 8 + 5 + 4 + 2 + 3 + 1
+    assert {e.regime for e in entries} == {"streaming", "batch", "online"}
+
+
+def test_main_table_bolds_the_best_single_pass_method_and_marks_violations(html_report):
+    table = html_report.tables[0]
+    assert table.kind == "main"
+    assert table.header() == ["Method", "iid · digits ≤10/class", "class-iid · digits ≤10/class"]
+    got = rows(table)
+    assert list(got) == ["Fine-Tune", "GDumb †", "TinyER", "NCM", "CIOSL (ours)",
+                         "Offline accuracy (Offline-hat)"]
+    assert got["GDumb †"] == ["–", "0.9700 ± 0.0100"]
+    assert got["CIOSL (ours)"] == ["0.9000 ± 0.0100", "0.9500 ± 0.0100"]
+    # GDumb is higher on class-iid but retrains before inference: CIOSL gets the bold
+    assert bold_cells(table) == {("TinyER", "iid · digits ≤10/class"),
+                                 ("CIOSL (ours)", "class-iid · digits ≤10/class")}
+    assert any("†" in n and "single-pass" in n for n in table.notes)
+    assert float(got["Offline accuracy (Offline-hat)"][1]) > 0.5
+
+
+def test_ablation_tables(html_report):
+    by_kind = {}
+    for t in html_report.tables:
+        by_kind.setdefault(t.kind, []).append(t)
+    assert [t.kind for t in html_report.tables] == ["main", "sampling", "setting", "setting",
+                                                    "regimes", "other"]
+    sampling = rows(by_kind["sampling"][0])
+    assert list(sampling) == ["LAWCBR / Uniform", "LAWCBR / UAPN", "LAWCBR / LAPN",
+                              "LAWRRR / Uniform", "LAWRRR / UAPN", "LAWRRR / LAPN"]
+    assert sampling["LAWRRR / UAPN"] == ["0.9500 ± 0.0100"]  # the default result
+    assert bold_cells(by_kind["sampling"][0]) == {("LAWCBR / LAPN", "class-iid · digits ≤10/class")}
+
+    lam, buf = by_kind["setting"]
+    assert (lam.setting, buf.setting) == ("lambda2", "buffer")
+    assert list(rows(lam)) == ["0.0", "0.1", "0.3", "0.5", "1.0"]
+    assert rows(lam)["0.3"] == ["0.9500 ± 0.0100"]
+    assert list(rows(buf)) == ["20", "50", "100"]  # 100: digits' default buffer
+
+    regimes = by_kind["regimes"][0]
+    assert [lab for _, lab in regimes.columns] == ["batch", "online", "streaming"]
+    assert rows(regimes)["TinyER"] == ["0.8100 ± 0.0100", "0.7100 ± 0.0100", "0.9300 ± 0.0100"]
+    assert rows(regimes)["CIOSL (ours)"][1] == "–"
+
+    other = rows(by_kind["other"][0])
+    assert other == {"CIOSL (ours) / lambda1=0.5, n_replay=8": ["0.5000 ± 0.0100"]}
+
+
+def test_figures_are_png_images(html_report):
+    names = {Path(f.path).name for f in html_report.figures}
+    assert names == {"accuracy_iid_digits-10-class.png", "accuracy_class_iid_digits-10-class.png",
+                     "omega_vs_lambda2.png", "omega_vs_buffer.png", "regimes.png"}
+    for f in html_report.figures:
+        assert Path(f.path).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        height, width, _ = matplotlib.image.imread(f.path).shape
+        assert height > 200 and width > 300
+
+
+def test_markdown_report_and_cli(results, capsys, tmp_path):
+    assert main(["report", str(results)]) == 0
+    text = (results / "report.md").read_text()
+    assert "| CIOSL (ours) | 0.9000 ± 0.0100 | **0.9500 ± 0.0100** |" in text
+    assert "| GDumb † | – | 0.9700 ± 0.0100 |" in text
+    for link in [line[line.index("](") + 2:-1] for line in text.splitlines()
+                 if line.startswith("![")]:
+        assert (results / link).is_file(), link
+    assert "| Method | iid · digits ≤10/class |" in capsys.readouterr().out
+    (tmp_path / "empty").mkdir()
+    assert main(["report", str(tmp_path / "empty")]) == 2
+    assert "no result JSONs" in capsys.readouterr().err
+
+
+def test_html_report_holds_settings_versions_and_grids(html_report):
+    html = Path(html_report.path).read_text()
+    assert html.count("data:image/png;base64,") == len(html_report.figures)
+    assert "&quot;lambda1&quot;: 0.5" in html  # the exact settings of each result
+    assert f"torch {torch.__version__}" in html
+    assert "<pre>name = &quot;demo&quot;\nmethods = [&quot;ncm&quot;]\n</pre>" in html
+
+
+@pytest.mark.skipif((CHROMIUM is None or DRIVER is None) and not os.environ.get("CI"),
+                    reason="needs chromium and chromium-driver (apt-get install chromium "
+                    "chromium-driver; `make test` installs them as root); CI never skips")
+def test_html_report_renders_in_headless_chromium(html_report):
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"):
+        options.add_argument(arg)
+    browser = webdriver.Chrome(service=Service(DRIVER), options=options)
+    try:
+        browser.get(Path(html_report.path).resolve().as_uri())
+        assert browser.title.startswith("ciosl report")
+        tables = browser.find_elements("css selector", "table.results")
+        assert len(tables) == len(html_report.tables)
+        assert all(t.size["height"] > 20 and t.size["width"] > 50 for t in tables)
+        best = [td.text for td in browser.find_elements("css selector", "table.results td.best")]
+        assert "0.9500 ± 0.0100" in best and "0.9700 ± 0.0100" not in best
+        images = browser.execute_script(
+            "return Array.from(document.images).map(i => [i.complete, i.naturalWidth, "
+            "i.getBoundingClientRect().width]);")
+        assert len(images) == len(html_report.figures)
+        assert all(done and natural > 0 and shown > 0 for done, natural, shown in images)
+        assert browser.find_elements("css selector", "table.provenance tbody tr")
+    finally:
+        browser.quit()

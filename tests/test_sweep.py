@@ -1,0 +1,291 @@
+"""Experiment grids and sweeps: validation before anything runs, local and Ray executors giving
+exactly ``run_experiment``'s results, resuming, shared caches."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from ciosl.cli import main
+from ciosl.evaluation.experiment import (
+    ExperimentSpec,
+    load_features,
+    offline_settings,
+    run_experiment,
+    stream_ordering,
+    validate,
+)
+from ciosl.evaluation.grid import GridError, load_grid, parse_grid, spec_fields, tomllib
+from ciosl.evaluation.protocol import offline_accuracy
+from ciosl.evaluation.sweep import prepare, result_file, run_file, run_sweep
+
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+TIMING = {"wall_seconds", "samples_per_second", "predict_seconds", "path", "sweep"}
+RUN_TIMING = {"base_seconds", "learn_seconds", "predict_seconds", "seconds_per_sample",
+              "samples_per_second"}
+
+SMALL = """
+name = "small"
+datasets = ["digits"]
+orderings = ["class_iid"]
+methods = ["ncm", "tinyer"]
+seeds = [0, 1]
+limit_per_class = 15
+
+[grid.tinyer]
+buffer = [20, 40]
+"""
+
+
+def write_grid(folder: Path, text: str, name: str = "grid.toml") -> Path:
+    path = folder / name
+    path.write_text(text)
+    return path
+
+
+def comparable(result: dict) -> dict:
+    out = {k: v for k, v in result.items() if k not in TIMING}
+    out["runs"] = [{k: v for k, v in r.items() if k not in RUN_TIMING} for r in result["runs"]]
+    return out
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("cache")
+
+
+@pytest.fixture(scope="module")
+def local_sweep(tmp_path_factory, cache):
+    folder = tmp_path_factory.mktemp("sweep")
+    path = write_grid(folder, f'cache = "{cache}"\nout = "{folder / "out"}"\n' + SMALL)
+    grid = load_grid(path)
+    summary = run_sweep(grid, executor="local", workers=2)
+    return grid, summary
+
+
+# ---------------------------------------------------------------------------- validation
+
+
+def grid_error(tmp_path: Path, text: str) -> str:
+    with pytest.raises(GridError) as info:
+        load_grid(write_grid(tmp_path, text))
+    return str(info.value)
+
+
+BASE = 'datasets = ["digits"]\norderings = ["class_iid"]\nmethods = ["ncm", "ciosl"]\n'
+
+
+ERRORS = [
+    (BASE + "colour = 3\n", "colour", "unknown top-level key"),
+    ('datasets = ["digits"]\norderings = ["class_iid"]\nmethods = ["ncm", "nope"]\n',
+     "methods", "unknown method 'nope'"),
+    (BASE + "[settings.ciosl]\nlambda3 = 1.0\n", "settings.ciosl.lambda3",
+     "unknown setting 'lambda3'"),
+    (BASE + "[settings.ciosl]\nbuffer = \"big\"\n", "settings.ciosl.buffer",
+     "expects an integer, got string"),
+    (BASE + "[grid.ciosl]\nlambda2 = [0.1, \"x\"]\n", "grid.ciosl.lambda2", "expects a number"),
+    (BASE + "[grid.ciosl]\nlambda2 = 0.3\n", "grid.ciosl.lambda2", "non-empty list"),
+    (BASE + "[grid.ciosl]\nlambda2 = [0.1]\nout = \"x\"\n", "grid.ciosl.out",
+     "unknown setting 'out'"),
+    (BASE + "[variants.ciosl.best]\nselection = \"best\"\n", "variants.ciosl.best.selection",
+     "valid choices"),
+    (BASE + "[settings.slda]\nshrinkage = 0.1\n", "settings.slda", "not in methods"),
+    ('datasets = ["digits"]\norderings = ["instance"]\nmethods = ["ncm"]\n', "orderings",
+     "does not support the 'instance' ordering"),
+    ('methods = ["ncm"]\n[datasets]\ndigits-video = ["instance"]\ndigits = ["class_instance"]\n',
+     "datasets.digits", "does not support the 'class_instance' ordering"),
+    ('datasets = ["digits", "mnist9"]\norderings = ["iid"]\nmethods = ["ncm"]\n', "datasets",
+     "unknown dataset 'mnist9'"),
+    (BASE + "runs = 3\nseeds = [0, 1]\n", "seeds", "either runs or seeds"),
+    (BASE + "runs = 2.5\n", "runs", "expects a positive integer, got float"),
+    (BASE + "limit_per_class = 0\n", "limit_per_class", "positive integer"),
+    (BASE + 'extractor = "resnet"\n', "extractor", "unknown extractor 'resnet'"),
+]
+
+
+@pytest.mark.parametrize("text, key, words", ERRORS, ids=[key for _, key, _ in ERRORS])
+def test_grid_errors_name_the_key(tmp_path, text, key, words):
+    message = grid_error(tmp_path, text)
+    assert message.startswith(f"{tmp_path / 'grid.toml'}: {key}: "), message
+    assert words in message
+
+
+def test_invalid_grid_is_refused_before_anything_runs(tmp_path, capsys):
+    out = tmp_path / "out"
+    path = write_grid(tmp_path, BASE + f'out = "{out}"\n[settings.ncm]\ntemprature = 2.0\n')
+    assert main(["sweep", str(path)]) == 2
+    assert "settings.ncm.temprature" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_regimes_make_cells_or_are_refused_clearly(tmp_path):
+    text = ('datasets = ["digits"]\norderings = ["class_iid"]\nmethods = ["tinyer", "ciosl"]\n'
+            'regimes = ["batch", "streaming"]\nbatch_size = 10\n')
+    if "regime" in spec_fields():
+        grid = load_grid(write_grid(tmp_path, text))
+        assert [c.regime for c in grid.cells] == ["batch", "streaming"] * 2
+        assert [c.id for c in grid.cells[:2]] == ["digits_class_iid_tinyer_batch",
+                                                  "digits_class_iid_tinyer"]
+        assert grid.experiment(grid.cells[0]).batch_size == 10
+        ncm = text.replace('"tinyer"', '"ncm"')
+        assert "regimes: cell digits_class_iid_ncm_batch: method 'ncm' does not support the " \
+            "batch regime" in grid_error(tmp_path, ncm)
+    else:
+        assert "regimes: this version of ciosl cannot run" in grid_error(tmp_path, text)
+    assert "batch_size: only applies with regimes" in grid_error(tmp_path, BASE + "epochs = 3\n"
+                                                                 "batch_size = 4\n")
+
+
+@pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.toml")), ids=lambda p: p.name)
+def test_shipped_configs_validate(path):
+    text = path.read_text()
+    if "regimes" in text and "regime" not in spec_fields():
+        with pytest.raises(GridError, match=r": regimes: this version of ciosl cannot run"):
+            load_grid(path)
+        return
+    grid = load_grid(path)
+    assert grid.cells and grid.seeds
+    assert len({c.id for c in grid.cells}) == len(grid.cells)
+    assert grid.out == Path("results") / path.stem
+
+
+def test_variants_get_their_own_cells_and_ids():
+    grid = parse_grid({
+        "datasets": ["digits"], "orderings": ["iid"], "methods": ["ciosl", "ncm"],
+        "settings": {"ciosl": {"lambda1": 0.5}},
+        "grid": {"ciosl": {"selection": ["uniform", "lapn"], "replacement": ["lawrrr", "lawcbr"]}},
+        "variants": {"ciosl": {"no-kd": {"lambda2": 0}}},
+    })
+    ids = [c.id for c in grid.cells]
+    assert ids == [
+        "digits_iid_ciosl_selection-uniform+replacement-lawrrr",
+        "digits_iid_ciosl_selection-uniform+replacement-lawcbr",
+        "digits_iid_ciosl_selection-lapn+replacement-lawrrr",
+        "digits_iid_ciosl_selection-lapn+replacement-lawcbr",
+        "digits_iid_ciosl_no-kd", "digits_iid_ncm"]
+    assert grid.cells[1].settings == {"lambda1": "0.5", "selection": "uniform",
+                                      "replacement": "lawcbr"}
+    assert grid.cells[4].settings == {"lambda1": "0.5", "lambda2": "0"}
+    assert grid.seeds == [0, 1, 2]
+
+
+# ---------------------------------------------------------------------------- running
+
+
+def test_local_sweep_equals_run_experiment(local_sweep, cache):
+    grid, summary = local_sweep
+    assert [c.id for c in grid.cells] == ["digits_class_iid_ncm", "digits_class_iid_tinyer_buffer-20",
+                                         "digits_class_iid_tinyer_buffer-40"]
+    assert (summary.computed, summary.skipped, summary.failed) == (6, 0, [])
+    assert sorted(summary.results) == sorted(str(result_file(grid.out, c)) for c in grid.cells)
+    for cell in grid.cells:
+        swept = json.loads(result_file(grid.out, cell).read_text())
+        assert swept["sweep"]["cell"] == cell.id
+        direct = run_experiment(grid.experiment(cell))
+        assert comparable(swept) == comparable(direct)
+    tinyer = [json.loads(result_file(grid.out, c).read_text()) for c in grid.cells[1:]]
+    assert [r["settings"]["buffer"] for r in tinyer] == [20, 40]
+
+
+def test_resumed_sweep_recomputes_only_missing_or_stale_runs(local_sweep):
+    grid, _ = local_sweep
+    files = {(c.id, s): run_file(grid.out, c, s) for c in grid.cells for s in grid.seeds}
+    before = {k: json.loads(p.read_text()) for k, p in files.items()}
+    mtimes = {k: p.stat().st_mtime_ns for k, p in files.items()}
+    aggregate = json.loads(result_file(grid.out, grid.cells[1]).read_text())
+    deleted, stale = ("digits_class_iid_tinyer_buffer-20", 1), ("digits_class_iid_ncm", 0)
+    files[deleted].unlink()
+    files[stale].write_text(json.dumps({**before[stale], "fingerprint": "another grid"}))
+
+    summary = run_sweep(grid, executor="local", workers=1)
+
+    assert (summary.computed, summary.skipped, summary.failed) == (2, 4, [])
+    for key, path in files.items():
+        if key in (deleted, stale):
+            assert json.loads(path.read_text())["run"]["accuracy"] == before[key]["run"]["accuracy"]
+        else:
+            assert path.stat().st_mtime_ns == mtimes[key], f"{key} was recomputed"
+    again = json.loads(result_file(grid.out, grid.cells[1]).read_text())
+    assert comparable(again) == comparable(aggregate)
+
+    nothing = run_sweep(grid, executor="local", workers=1)
+    assert (nothing.computed, nothing.skipped) == (0, 6)
+
+
+def test_ray_executor_gives_the_local_results(local_sweep, tmp_path):
+    if not os.environ.get("CI"):
+        pytest.importorskip("ray")
+    import ray
+
+    grid, _ = local_sweep
+    local = {c.id: json.loads(result_file(grid.out, c).read_text()) for c in grid.cells}
+    grid = dataclasses.replace(grid, out=tmp_path / "ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        summary = run_sweep(grid, executor="ray", workers=2)
+    finally:
+        ray.shutdown()
+    assert (summary.computed, summary.failed) == (6, [])
+    for cell in grid.cells:
+        remote = json.loads(result_file(grid.out, cell).read_text())
+        assert [r["accuracy"] for r in remote["runs"]] == \
+            [r["accuracy"] for r in local[cell.id]["runs"]]
+        assert remote["omega_all"] == local[cell.id]["omega_all"]
+        assert comparable(remote) == comparable(local[cell.id])
+
+
+def test_features_are_cached_before_any_worker_starts(tmp_path):
+    grid = parse_grid({"datasets": ["digits"], "orderings": ["iid", "class_iid"],
+                       "methods": ["ncm", "slda"], "cache": str(tmp_path), "seeds": [0]})
+    infos = prepare(grid)
+    assert len(list((tmp_path / "features").glob("*.npz"))) == 1
+    assert len({i.fs.key for i in infos}) == 1 and infos[0].fs.train_z.size == 0
+    assert len({i.fingerprint for i in infos}) == 4
+
+
+def test_concurrent_writers_of_one_offline_entry_leave_one_complete_file(tmp_path):
+    exp = ExperimentSpec(dataset="digits", ordering="class_iid", method="ncm",
+                         limit_per_class=10, cache_dir=tmp_path)
+    spec, _, _ = validate(exp)
+    fs = load_features(exp, spec)
+    ordering = stream_ordering(exp, spec, fs, 3)
+    barrier, results = threading.Barrier(2), []
+
+    def write():
+        barrier.wait()
+        results.append(offline_accuracy(fs, ordering, 1, offline_settings(exp, spec), tmp_path))
+
+    threads = [threading.Thread(target=write) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    entries = list((tmp_path / "offline").iterdir())
+    assert len(results) == 2 and results[0] == results[1]
+    assert len(entries) == 1 and entries[0].suffix == ".json"
+    assert json.loads(entries[0].read_text())["accuracy"] == results[0]
+
+
+def test_cli_dry_run_lists_cells_and_finished_runs(local_sweep, tmp_path, capsys):
+    grid, _ = local_sweep
+    path = write_grid(tmp_path, f'out = "{grid.out}"\n' + SMALL)
+    assert main(["sweep", str(path), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    for cell in grid.cells:
+        assert cell.id in out
+    assert out.count("2/2") == 3
+
+
+def test_readme_grid_example_is_valid():
+    readme = (CONFIGS.parent / "README.md").read_text()
+    text = readme.split("```toml\n", 1)[1].split("```", 1)[0]
+    grid = parse_grid(tomllib.loads(text), source="README.md")
+    ids = {c.id for c in grid.cells}
+    assert "digits_iid_ciosl_selection-lapn+replacement-lawcbr" in ids
+    assert "fashion-mnist-video_class_instance_ciosl_no-distillation" in ids
+    assert len(grid.cells) == 4 * (6 + 1 + 1) and grid.seeds == list(range(10))
