@@ -122,6 +122,33 @@ def test_main_table_bolds_the_best_single_pass_method_and_marks_violations(html_
     assert float(got["Offline accuracy (Offline-hat)"][1]) > 0.5
 
 
+def test_settings_a_sweep_grid_fixes_stay_in_the_main_table_with_a_label(template, tmp_path):
+    def swept(path: Path, variant: str, given: dict) -> None:
+        data = json.loads(path.read_text())
+        data["sweep"] = {"grid": "g", "cell": path.stem, "variant": variant, "set": given,
+                         "regime": None, "fingerprint": "f"}
+        path.write_text(json.dumps(data))
+
+    swept(fake(template, tmp_path, "finetune", "class_iid", 0.45, lr=0.001), "default",
+          {"lr": "0.001"})  # [settings.finetune] lr = 0.001: the grid's protocol
+    swept(fake(template, tmp_path, "agem", "class_iid", 0.55, lr=0.001, name="grid-lr"),
+          "lr-0.001", {"lr": "0.001"})  # [grid.agem] lr = [...]: an ablation
+    fake(template, tmp_path, "mas", "class_iid", 0.35, lr=0.001)  # ciosl run --set lr=0.001
+    fake(template, tmp_path, "ciosl", "class_iid", 0.95)
+
+    report = write_report(tmp_path, fmt="md")
+    main = report.tables[0]
+    assert main.kind == "main"
+    assert list(rows(main)) == ["Fine-Tune (lr=0.001)", "CIOSL (ours)",
+                                "Offline accuracy (Offline-hat)"]
+    assert rows(main)["Fine-Tune (lr=0.001)"] == ["0.4500 ± 0.0100"]
+    assert any("[settings.METHOD]" in n for n in main.notes)
+    elsewhere = {r[0] for t in report.tables[1:] for r in t.rows}
+    assert {"A-GEM", "MAS"} <= elsewhere
+    text = report.path.read_text()
+    assert "| Fine-Tune (lr=0.001) | 0.4500 ± 0.0100 |" in text
+
+
 def test_ablation_tables(html_report):
     by_kind = {}
     for t in html_report.tables:

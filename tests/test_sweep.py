@@ -217,6 +217,36 @@ def test_resumed_sweep_recomputes_only_missing_or_stale_runs(local_sweep):
     assert (nothing.computed, nothing.skipped) == (0, 6)
 
 
+def test_runs_override_reuses_finished_runs_and_rewrites_cell_results(local_sweep, tmp_path,
+                                                                      capsys):
+    import shutil
+
+    grid, _ = local_sweep
+    out = tmp_path / "out"
+    shutil.copytree(grid.out, out)
+    path = write_grid(tmp_path, f'cache = "{grid.cache}"\nout = "{out}"\n' + SMALL)
+    runs = {c.id: [run_file(out, c, s).stat().st_mtime_ns for s in grid.seeds]
+            for c in grid.cells}
+
+    assert main(["sweep", str(path), "--runs", "1", "--workers", "1"]) == 0
+    for cell in grid.cells:
+        result = json.loads(result_file(out, cell).read_text())
+        assert result["seeds"] == [0] and len(result["runs"]) == 1, cell.id
+        # the finished runs were reused, not recomputed
+        assert [run_file(out, cell, s).stat().st_mtime_ns for s in grid.seeds] == runs[cell.id]
+
+    assert main(["sweep", str(path), "--seeds", "0,1", "--workers", "1"]) == 0
+    for cell in grid.cells:
+        result = json.loads(result_file(out, cell).read_text())
+        full = json.loads(result_file(grid.out, cell).read_text())
+        assert result["seeds"] == [0, 1] and comparable(result) == comparable(full)
+
+    assert main(["sweep", str(path), "--runs", "0"]) == 2
+    assert "seeds" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["sweep", str(path), "--runs", "1", "--seeds", "0"])
+
+
 def test_ray_executor_gives_the_local_results(local_sweep, tmp_path):
     if not os.environ.get("CI"):
         pytest.importorskip("ray")

@@ -82,6 +82,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="Ray cluster address, e.g. auto or ray://HOST:10001 (default: "
                        "start a local Ray instance)")
     sweep.add_argument("--out", default=None, help="output folder (default: the grid's `out`)")
+    runs = sweep.add_mutually_exclusive_group()
+    runs.add_argument("--runs", type=int, default=None,
+                      help="override the grid's runs (seeds 0..N-1); finished runs are reused "
+                      "by a later sweep with more")
+    runs.add_argument("--seeds", type=_seeds, default=None, help="override the grid's seeds")
     sweep.add_argument("--dry-run", action="store_true",
                        help="check the grid and list its cells; run nothing")
 
@@ -117,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
             from ciosl.evaluation.grid import load_grid
             from ciosl.evaluation.sweep import plan, run_sweep
 
-            grid = load_grid(args.config, out=args.out)
+            seeds = args.seeds if args.runs is None else list(range(args.runs))
+            grid = load_grid(args.config, out=args.out, seeds=seeds)
             if args.dry_run:
                 out.print_sweep_plan(grid, plan(grid))
                 return 0

@@ -132,8 +132,11 @@ def spec_fields() -> set[str]:
     return {f.name for f in dataclasses.fields(ExperimentSpec)}
 
 
-def load_grid(path: str | Path, *, out: str | Path | None = None) -> Grid:
-    """Read, expand and validate a grid file; ``out`` overrides the grid's output folder."""
+def load_grid(path: str | Path, *, out: str | Path | None = None,
+              seeds: list[int] | None = None) -> Grid:
+    """Read, expand and validate a grid file; ``out`` overrides the grid's output folder and
+    ``seeds`` its runs (``ciosl sweep --runs 3``: the first seeds of a 10-run grid, whose run
+    files a later full sweep reuses)."""
     path = Path(path)
     try:
         text = path.read_text()
@@ -143,8 +146,12 @@ def load_grid(path: str | Path, *, out: str | Path | None = None) -> Grid:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise GridError(f"{path}: not valid TOML: {e}") from None
-    return parse_grid(raw, source=str(path), text=text, out=out,
-                      default_name=path.stem)
+    grid = parse_grid(raw, source=str(path), text=text, out=out, default_name=path.stem)
+    if seeds is not None:
+        if not seeds or any(s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
+            raise GridError(f"seeds: expects distinct integers >= 0, got {seeds!r}")
+        grid.seeds = list(seeds)
+    return grid
 
 
 def parse_grid(raw: dict[str, Any], *, source: str = "<grid>", text: str = "",

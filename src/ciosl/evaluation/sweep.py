@@ -361,7 +361,7 @@ def run_sweep(grid: Grid, *, executor: str = "local", workers: int | None = None
     for info in complete:  # written already, unless its result is missing or stale
         old = read_json(result_file(out, info.cell))
         if not (isinstance(old, dict) and old.get("sweep", {}).get("fingerprint")
-                == info.fingerprint):
+                == info.fingerprint and old.get("seeds") == list(grid.seeds)):
             summary.results.append(_cell_done(grid, out, info, monitor))
 
     status = Status(runs=summary.runs, skipped=skipped, offline=len(streams))

@@ -60,7 +60,7 @@ def render_markdown(title: str, tables: list[Table], figures: list[Figure],
         except ValueError:
             name = str(e.path)
         v = e.data.get("versions") or {}
-        diff = ", ".join(f"{k}={x}" for k, x in sorted(e.diff.items())) or "(defaults)"
+        diff = ", ".join(f"{k}={x}" for k, x in sorted(e.non_default.items())) or "(defaults)"
         parts.append(f"| {name} | {method_name(e.method)} | {e.column.label} | "
                      f"{e.column.ordering} | {e.regime} | {e.n_runs} | {diff} | "
                      f"{v.get('ciosl', '?')} | {v.get('torch', '?')} |")

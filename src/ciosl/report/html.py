@@ -73,7 +73,7 @@ def provenance_html(entries: list[Entry], root: Path) -> str:
         except ValueError:
             name = str(e.path)
         versions = ", ".join(f"{k} {v}" for k, v in (e.data.get("versions") or {}).items())
-        diff = ", ".join(f"{k}={v}" for k, v in sorted(e.diff.items())) or "(defaults)"
+        diff = ", ".join(f"{k}={v}" for k, v in sorted(e.non_default.items())) or "(defaults)"
         exact = {k: e.data.get(k) for k in ("settings", "protocol", "seeds", "extractor",
                                              "features_key", "feature_dim", "n_train", "n_test",
                                              "limit_per_class", "sweep") if k in e.data}

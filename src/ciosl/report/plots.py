@@ -68,7 +68,7 @@ def accuracy_figures(entries: list[Entry], folder: Path) -> list[Figure]:
             style = "--" if e.violates else "-"
             ours = method == "ciosl"  # the paper's method stands out
             color = "crimson" if ours else cmap(k % cmap.N)
-            ax.plot(pos, mean, style, marker="o", ms=3, color=color, label=e.name,
+            ax.plot(pos, mean, style, marker="o", ms=3, color=color, label=e.label,
                     lw=2.5 if ours else 1.5, zorder=3 if ours else 2)
             ax.fill_between(pos, mean - std, mean + std, color=color, alpha=0.12)
         ref = pick([pick(v) for v in by_col[column].values()])

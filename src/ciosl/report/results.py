@@ -3,13 +3,15 @@
 Each result is classified by what differs from the protocol's defaults: its method's default
 settings with the dataset's buffer and the ordering's defaults (``resolve_settings`` with no
 overrides). A result with no difference belongs in the main table; one that differs in a single
-setting belongs in that setting's ablation, and so on.
+setting belongs in that setting's ablation, and so on. Settings a sweep grid fixes for a method
+(``[settings.METHOD]``, e.g. a baseline's learning rate) are part of that grid's protocol, not an
+ablation: such a result stays in the main table, its row labelled with them (``fixed``).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -69,7 +71,7 @@ class Entry:
     method: str
     column: Column
     regime: str
-    diff: dict[str, Any]  # settings that differ from the cell's defaults
+    diff: dict[str, Any]  # settings that differ from the cell's defaults (fixed ones aside)
     effective: dict[str, Any]  # every setting, defaults included
     violates: bool  # this result breaks single pass (the method does, or the batch regime)
     method_violates: bool  # the method itself does (retrains / fine-tunes before inference)
@@ -77,10 +79,24 @@ class Entry:
     std: float
     n_runs: int
     mtime: float
+    fixed: dict[str, Any] = field(default_factory=dict)  # the sweep grid's [settings.METHOD]
 
     @property
     def name(self) -> str:
         return method_name(self.method)
+
+    @property
+    def label(self) -> str:
+        """The method's name with the grid-fixed settings, e.g. ``Fine-Tune (lr=0.001)``."""
+        return self.name + (f" ({settings_text(self.fixed)})" if self.fixed else "")
+
+    @property
+    def non_default(self) -> dict[str, Any]:
+        return {**self.fixed, **self.diff}
+
+
+def settings_text(settings: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(settings.items()))
 
 
 def _jsonable(value: Any) -> Any:
@@ -155,12 +171,17 @@ def make_entry(data: dict, path: Path) -> Entry:
     base = _class_defaults(method)
     effective = {**(json.loads(base) if base else {}), **_jsonable(settings)}
     defaults = _cell_defaults(method, dataset, ordering)
+    sweep = data.get("sweep") if isinstance(data.get("sweep"), dict) else {}
+    grid_fixed = sweep.get("variant", "default") == "default"  # only [settings.METHOD] values
+    given = dict(sweep.get("set") or {})
     if defaults is None:  # an unknown method or dataset here: trust the sweep's variant name
-        sweep = data.get("sweep") or {}
-        diff = dict(sweep.get("set") or {}) if sweep.get("variant", "default") != "default" else {}
+        diff = {} if grid_fixed else given
+        fixed = given if grid_fixed else {}
     else:
         default = json.loads(defaults)
         diff = {k: v for k, v in effective.items() if k not in default or default[k] != v}
+        fixed = {k: v for k, v in diff.items() if k in given} if grid_fixed else {}
+        diff = {k: v for k, v in diff.items() if k not in fixed}
     limit = data.get("limit_per_class") or 0
     extractor = data.get("extractor") or ""
     label = dataset + (f" ≤{limit}/class" if limit else "")
@@ -177,7 +198,7 @@ def make_entry(data: dict, path: Path) -> Entry:
                  violates=bool(data.get("violates_single_pass", False)),
                  method_violates=method_violates(method, data),
                  mean=float(om["mean"]), std=float(om.get("std", 0.0)),
-                 n_runs=len(data["runs"]), mtime=path.stat().st_mtime)
+                 n_runs=len(data["runs"]), mtime=path.stat().st_mtime, fixed=fixed)
 
 
 def load_entries(folder: str | Path) -> list[Entry]:

@@ -79,19 +79,20 @@ def main_table(entries: list[Entry]) -> Table | None:
     chosen = [e for e in entries if e.regime == "streaming" and not e.diff]
     if not chosen:
         return None
-    cells: dict[tuple[str, Column], list[Entry]] = defaultdict(list)
+    # a row per method and grid-fixed settings (two grids may fix different values)
+    cells: dict[tuple[str, str, Column], list[Entry]] = defaultdict(list)
     for e in chosen:
-        cells[(e.method, e.column)].append(e)
-    columns = sorted({c for _, c in cells})
-    methods = sorted({m for m, _ in cells}, key=method_key)
+        cells[(e.method, e.label, e.column)].append(e)
+    columns = sorted({c for *_, c in cells})
+    rows = sorted({(m, lab) for m, lab, _ in cells}, key=lambda r: (method_key(r[0]), r[1]))
     table = Table("main", "Omega_all (Table 2)", ["Method"],
                   [(c.ordering.replace("_", "-"), c.label) for c in columns])
     grid: list[list[Entry | None]] = []
-    for m in methods:
-        row = [pick(cells[(m, c)]) if (m, c) in cells else None for c in columns]
+    for m, label in rows:
+        row = [pick(cells[(m, label, c)]) if (m, label, c) in cells else None for c in columns]
         grid.append(row)
         violates = any(e is not None and e.violates for e in row)
-        table.rows.append([method_name(m) + (f" {DAGGER}" if violates else "")]
+        table.rows.append([label + (f" {DAGGER}" if violates else "")]
                           + [fmt(e) for e in row])
     _bold_best(table, grid, _streaming_single_pass)
     hat = []
@@ -108,6 +109,9 @@ def main_table(entries: list[Entry]) -> Table | None:
         "Offline-hat: the offline learner's accuracy averaged over testing events and runs "
         f"(Omega_all divides by it event by event). {MISSING}: not run.",
     ]
+    if any(e.fixed for e in chosen):
+        table.notes.append("(name=value): a setting the sweep grid fixes for that method "
+                           "(its [settings.METHOD] table), in place of the method's default.")
     return table
 
 
