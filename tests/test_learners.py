@@ -1,5 +1,7 @@
 """Method-specific correctness of finetune, ncm and slda against references computed here."""
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -190,7 +192,13 @@ def test_divergence_is_reported_not_hidden(method):
     Z = rng.normal(0, 30, (64, 50)).astype(np.float32)
     y = np.arange(64) % 4
     learner = make_learner(method, lr=5.0, base_epochs=1)
-    with pytest.raises(FloatingPointError, match="diverged.*lower lr"):
+    with pytest.raises(FloatingPointError, match="diverged.*lower lr") as info:
         learner.fit_base(Z[:16], y[:16])
         for z, c in zip(Z, y, strict=True):
             learner.learn_one(z, int(c))
+    # the hint names the stability bound for the largest ||x||^2 of the failing step
+    m = re.search(r"lr < 4 \(1 \+ momentum\) / \|\|x\|\|\^2 = ([0-9.e+-]+) .*"
+                  r"\|\|x\|\|\^2 = (\d+)", str(info.value))
+    assert m, str(info.value)
+    assert float(m.group(1)) == pytest.approx(4 * 1.9 / int(m.group(2)), rel=0.06)
+    assert int(m.group(2)) > 50 * 30 ** 2 / 2  # rows of N(0, 30^2) in 50-d

@@ -195,7 +195,8 @@ class BayesHead(Learner):
         k = self.mc_samples if n_scored else 1
         R = n + n_scored * (k - 1)  # with k - 1 further draws of the scored rows
         logits, cache = self.net.forward_local(X, self._draw_noise(R), (n_scored, k - 1))
-        check_finite(logits[:n_ce], X, name=self.name, n_seen=self.n_seen_, lr=self.lr)
+        check_finite(logits[:n_ce], X, name=self.name, n_seen=self.n_seen_, lr=self.lr,
+                     momentum=self.momentum)
         P = logits.softmax(1)  # (R, C)
         scores = _scores(logits, P, Y[:n_scored], n, k) if n_scored else None
         g = P[:n]  # (n, C) becomes dL/dlogits in place
@@ -386,7 +387,8 @@ class CIOSL(BayesHead):
                       uncertainty=float(unc[i]), rng=self.rng)
 
     def _check_finite(self, loss: torch.Tensor, X: torch.Tensor) -> None:
-        check_finite(loss, X, name=self.name, n_seen=self.n_seen_, lr=self.lr)
+        check_finite(loss, X, name=self.name, n_seen=self.n_seen_, lr=self.lr,
+                     momentum=self.momentum)
 
     def _fit_base(self, Z: np.ndarray, yi: np.ndarray) -> None:
         X = torch.from_numpy(np.ascontiguousarray(Z))  # (n, d)

@@ -96,7 +96,8 @@ class EWC(FineTune):
         mean."""
         logits = self.net(X)  # (1, C)
         loss = F.cross_entropy(logits, Y)
-        check_finite(loss, X, name=self.name, n_seen=self.n_seen_, lr=self.lr)
+        check_finite(loss, X, name=self.name, n_seen=self.n_seen_, lr=self.lr,
+                     momentum=self.momentum)
         grads = torch.autograd.grad(loss, self.net.params, retain_graph=True)  # MAS re-uses it
         importance = self._importance(logits, list(grads))
         self.n_omega += 1

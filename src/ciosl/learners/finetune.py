@@ -57,7 +57,8 @@ class FineTune(Learner):
 
     def _step(self, X: torch.Tensor, Y: torch.Tensor) -> None:
         loss = F.cross_entropy(self.net(X), Y)
-        check_finite(loss, X, name=self.name, n_seen=self.n_seen_, lr=self.lr)
+        check_finite(loss, X, name=self.name, n_seen=self.n_seen_, lr=self.lr,
+                     momentum=self.momentum)
         loss.backward()
         self.opt.step(self.net.params)
 
