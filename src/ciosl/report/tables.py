@@ -3,6 +3,8 @@
 - ``main_table``: Table 2 — methods as rows, (ordering, dataset) as columns, Omega_all mean ± std
   over runs, the best single-pass streaming method of each column in bold, methods that violate
   single pass marked with a dagger, and the offline learner's mean accuracy (Offline-hat).
+- ``final_table``: the same layout with the test accuracy after the whole stream (the offline
+  learner's last, too); ``cost_table``: samples learned per second and learner state size.
 - ``sampling_table``: memory replacement x sample selection (the paper's Table 4).
 - ``setting_tables``: one table per setting varied alone (lambda2, buffer, ...): Omega_all as a
   function of that setting (lambda2 also crossed with selection/replacement, as in the paper).
@@ -75,25 +77,41 @@ def _runs_note(entries: list[Entry]) -> str:
     return f"Omega_all: mean ± std (sample std) over {runs} runs per cell."
 
 
-def main_table(entries: list[Entry]) -> Table | None:
+def _main_cells(entries: list[Entry]):
+    """The main table's entries by (method, row label, column): streaming, default settings
+    (a row per method and grid-fixed settings: two grids may fix different values)."""
     chosen = [e for e in entries if e.regime == "streaming" and not e.diff]
-    if not chosen:
-        return None
-    # a row per method and grid-fixed settings (two grids may fix different values)
     cells: dict[tuple[str, str, Column], list[Entry]] = defaultdict(list)
     for e in chosen:
         cells[(e.method, e.label, e.column)].append(e)
     columns = sorted({c for *_, c in cells})
     rows = sorted({(m, lab) for m, lab, _ in cells}, key=lambda r: (method_key(r[0]), r[1]))
+    grid = [[pick(cells[(m, lab, c)]) if (m, lab, c) in cells else None for c in columns]
+            for m, lab in rows]
+    return chosen, columns, rows, grid
+
+
+def _method_rows(table: Table, rows, grid) -> None:
+    for (_, label), row in zip(rows, grid, strict=True):
+        violates = any(e is not None and e.violates for e in row)
+        table.rows.append([label + (f" {DAGGER}" if violates else "")])
+
+
+def _fixed_note(chosen: list[Entry]) -> list[str]:
+    return (["(name=value): a setting the sweep grid fixes for that method (its "
+             "[settings.METHOD] table), in place of the method's default."]
+            if any(e.fixed for e in chosen) else [])
+
+
+def main_table(entries: list[Entry]) -> Table | None:
+    chosen, columns, rows, grid = _main_cells(entries)
+    if not chosen:
+        return None
     table = Table("main", "Omega_all (Table 2)", ["Method"],
                   [(c.ordering.replace("_", "-"), c.label) for c in columns])
-    grid: list[list[Entry | None]] = []
-    for m, label in rows:
-        row = [pick(cells[(m, label, c)]) if (m, label, c) in cells else None for c in columns]
-        grid.append(row)
-        violates = any(e is not None and e.violates for e in row)
-        table.rows.append([label + (f" {DAGGER}" if violates else "")]
-                          + [fmt(e) for e in row])
+    _method_rows(table, rows, grid)
+    for cells, row in zip(table.rows, grid, strict=True):
+        cells += [fmt(e) for e in row]
     _bold_best(table, grid, _streaming_single_pass)
     hat = []
     for j in range(len(columns)):
@@ -108,10 +126,73 @@ def main_table(entries: list[Entry]) -> Table | None:
         "constraint of streaming learning; never bold.",
         "Offline-hat: the offline learner's accuracy averaged over testing events and runs "
         f"(Omega_all divides by it event by event). {MISSING}: not run.",
+        *_fixed_note(chosen),
     ]
-    if any(e.fixed for e in chosen):
-        table.notes.append("(name=value): a setting the sweep grid fixes for that method "
-                           "(its [settings.METHOD] table), in place of the method's default.")
+    return table
+
+
+def _final(e: Entry | None) -> tuple[float, float] | None:
+    final = e.data.get("final_accuracy") if e is not None else None
+    if not (isinstance(final, dict) and "mean" in final):
+        return None
+    return 100 * float(final["mean"]), 100 * float(final.get("std", 0.0))
+
+
+def final_table(entries: list[Entry]) -> Table | None:
+    """Test accuracy (%) at the last testing event, with the offline learner's, same layout."""
+    chosen, columns, rows, grid = _main_cells(entries)
+    values = [[_final(e) for e in row] for row in grid]
+    if not any(v is not None for row in values for v in row):
+        return None
+    table = Table("final", "Final accuracy (%)", ["Method"],
+                  [(c.ordering.replace("_", "-"), c.label) for c in columns])
+    _method_rows(table, rows, grid)
+    for cells, row in zip(table.rows, values, strict=True):
+        cells += [MISSING if v is None else f"{v[0]:.2f} ± {v[1]:.2f}" for v in row]
+    for j in range(len(columns)):  # bold: best single-pass streaming method, as in Table 2
+        col = [(i, v[j][0]) for i, (v, g) in enumerate(zip(values, grid, strict=True))
+               if v[j] is not None and _streaming_single_pass(g[j])]
+        if col:
+            best = max(x for _, x in col)
+            table.bold |= {(i, j) for i, x in col if round(x, 2) == round(best, 2)}
+    offline = []
+    for j in range(len(columns)):
+        col = [row[j] for row in grid if row[j] is not None]
+        last = [r["accuracy_offline"][-1] for r in pick(col).data["runs"]
+                if r.get("accuracy_offline")] if col else []
+        offline.append(f"{100 * sum(last) / len(last):.2f}" if last else MISSING)
+    table.rows.append(["Offline learner"] + offline)
+    table.notes = [f"Accuracy on the test set after the whole stream (mean ± std over runs); "
+                   f"the offline learner trained on every sample at the same event. "
+                   f"Bold: the best single-pass streaming method of the column.",
+                   *_fixed_note(chosen)]
+    return table
+
+
+def cost_table(entries: list[Entry]) -> Table | None:
+    """Per method and dataset: stream samples learned per second (median over the dataset's
+    orderings and runs) and the largest serialised learner state (MiB) at a testing event."""
+    chosen, columns, rows, grid = _main_cells(entries)
+    datasets = sorted({c.dataset_rank + (c.label,) for c in columns})
+    if not chosen:
+        return None
+    table = Table("cost", "Speed and memory", ["Method"],
+                  [(lab, what) for *_, lab in datasets for what in ("samples/s", "state MiB")])
+    _method_rows(table, rows, grid)
+    for cells, row in zip(table.rows, grid, strict=True):
+        for *rank, lab in datasets:
+            mine = [e for e, c in zip(row, columns, strict=True)
+                    if e is not None and c.label == lab and c.dataset_rank == tuple(rank)]
+            speed = sorted(float(r["samples_per_second"]) for e in mine for r in e.data["runs"]
+                           if r.get("samples_per_second"))
+            state = [int(e.data.get("peak_memory_bytes") or 0) for e in mine]
+            cells.append(f"{speed[len(speed) // 2]:,.0f}" if speed else MISSING)
+            cells.append(f"{max(state) / 2 ** 20:.2f}" if state and max(state) else MISSING)
+    table.notes = ["samples/s: stream samples learned per second, median over the dataset's "
+                   "orderings and runs (learning only, evaluation excluded; one core per run, on "
+                   "a machine that may be shared: compare rows of one report, not reports). "
+                   "state MiB: the largest serialised learner state (weights, optimiser buffers, "
+                   "replay memory) over the testing events of its runs.", *_fixed_note(chosen)]
     return table
 
 
@@ -273,7 +354,8 @@ def other_table(entries: list[Entry], used: set[int]) -> Table | None:
 
 def build_tables(entries: list[Entry]) -> list[Table]:
     used: set[int] = set()
-    tables = [main_table(entries), sampling_table(entries, used),
+    tables = [main_table(entries), final_table(entries), cost_table(entries),
+              sampling_table(entries, used),
               *setting_tables(entries, used), regime_table(entries),
               other_table(entries, used)]
     return [t for t in tables if t is not None]
