@@ -87,11 +87,10 @@ def check_finite(loss: torch.Tensor, X: torch.Tensor, *, name: str, n_seen: int,
         sq = float(X.double().pow(2).sum(1).max()) if X.numel() else 0.0
         bound = (f"; one-sample SGD steps need roughly lr < 4 (1 + momentum) / ||x||^2 = "
                  f"{4 * (1 + momentum) / sq:.2g} for this step's largest ||x||^2 = {sq:.0f}"
-                 if sq > 0 else "")
+                 f" (max |z| = {float(X.abs().max()):.3g})" if sq > 0 else "")
         raise FloatingPointError(
-            f"{name}: training diverged at sample {n_seen} (non-finite loss); features with "
-            f"extreme values (here max |z| = {float(X.abs().max()):.3g}) and lr={lr} can cause "
-            f"it{bound}: clip or rescale the features, or lower lr (--set lr=...)")
+            f"{name}: training diverged at sample {n_seen} (non-finite loss) with lr={lr}"
+            f"{bound}: lower lr (--set lr=...), or rescale or clip the features")
 
 
 class SGD:
