@@ -49,6 +49,20 @@ def _curve(entry: Entry, key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return pos, values.mean(axis=0), values.std(axis=0, ddof=1) if len(runs) > 1 else 0 * pos
 
 
+MARKERS = ("s", "^", "v", "D", "P", "X", "<", ">", "p", "h", "*", "d", "8", "H")
+
+
+def _palette(n: int) -> list:
+    """n distinct colours without reds (crimson is CIOSL's): tab10, then tab20's dark shades
+    followed by its light ones, so neighbouring methods differ in hue."""
+    if n <= 9:
+        tab = matplotlib.colormaps["tab10"].colors
+        return [c for i, c in enumerate(tab) if i != 3][:n]  # 3: red
+    tab = matplotlib.colormaps["tab20"].colors
+    order = [i for i in range(0, 20, 2) if i != 6] + [i for i in range(1, 20, 2) if i != 7]
+    return [tab[order[k % len(order)]] for k in range(n)]
+
+
 def accuracy_figures(entries: list[Entry], folder: Path) -> list[Figure]:
     """One figure per main-table column: accuracy at each testing event, per method, with the
     offline learner's curve."""
@@ -61,16 +75,18 @@ def accuracy_figures(entries: list[Entry], folder: Path) -> list[Figure]:
         methods = sorted(by_col[column], key=method_key)
         fig = MplFigure(figsize=(6.4, 4.0))
         ax = fig.subplots()
-        cmap = matplotlib.colormaps["tab10" if len(methods) <= 10 else "tab20"]
+        colors = _palette(len(methods))
+        band = 0.12 if len(methods) <= 6 else 0.05  # many overlapping bands turn to mud
         for k, method in enumerate(methods):
             e = pick(by_col[column][method])
             pos, mean, std = _curve(e, "accuracy")
             style = "--" if e.violates else "-"
             ours = method == "ciosl"  # the paper's method stands out
-            color = "crimson" if ours else cmap(k % cmap.N)
-            ax.plot(pos, mean, style, marker="o", ms=3, color=color, label=e.label,
-                    lw=2.5 if ours else 1.5, zorder=3 if ours else 2)
-            ax.fill_between(pos, mean - std, mean + std, color=color, alpha=0.12)
+            color = "crimson" if ours else colors[k]
+            ax.plot(pos, mean, style, marker="o" if ours else MARKERS[k % len(MARKERS)], ms=4,
+                    color=color, label=e.label, lw=2.5 if ours else 1.4,
+                    zorder=3 if ours else 2)
+            ax.fill_between(pos, mean - std, mean + std, color=color, alpha=band, lw=0)
         ref = pick([pick(v) for v in by_col[column].values()])
         if all(r.get("accuracy_offline") for r in ref.data["runs"]):
             pos, mean, _ = _curve(ref, "accuracy_offline")
@@ -80,7 +96,7 @@ def accuracy_figures(entries: list[Entry], folder: Path) -> list[Figure]:
         ax.set_ylim(0, 1.02)
         ax.set_title(column.title)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+        ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5), handlelength=3.5)
         path = _save(fig, folder / f"accuracy_{_slug(column.ordering)}_{_slug(column.label)}.png")
         figures.append(Figure(path, f"Accuracy along the stream: {column.title}",
                               "Mean test accuracy (± std over runs) at each testing event, on the "
