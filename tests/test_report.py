@@ -150,6 +150,14 @@ def test_settings_a_sweep_grid_fixes_stay_in_the_main_table_with_a_label(templat
     text = report.path.read_text()
     assert "| Fine-Tune (lr=0.001) | 0.4500 ± 0.0100 |" in text
 
+    # the regimes table labels its rows the same way
+    folder = tmp_path / "regimes"
+    for regime, omega in [(None, 0.6), ("batch", 0.7)]:
+        swept(fake(template, folder, "vcl", "class_iid", omega, regime=regime, lr=0.001),
+              "default", {"lr": "0.001"})
+    regimes = [t for t in write_report(folder, fmt="md").tables if t.kind == "regimes"][0]
+    assert rows(regimes) == {"VCL (lr=0.001)": ["0.7000 ± 0.0100", "0.6000 ± 0.0100"]}
+
 
 def test_final_accuracy_and_cost_tables_follow_the_main_table(html_report, template):
     main, final, cost = html_report.tables[:3]

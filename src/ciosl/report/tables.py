@@ -309,26 +309,29 @@ def regime_table(entries: list[Entry]) -> Table | None:
     slots = [(c, r) for c in columns
              for r in sorted(regimes_of[c], key=lambda r: _rank(r, REGIME_ORDER))]
     cells: dict[tuple, list[Entry]] = defaultdict(list)
-    for e in pool:
-        cells[(e.method, e.column, e.regime)].append(e)
-    methods = sorted({m for m, c, _ in cells if c in columns}, key=method_key)
+    for e in pool:  # a row per method and grid-fixed settings, as in Table 2
+        cells[(e.method, e.label, e.column, e.regime)].append(e)
+    rows = sorted({(m, lab) for m, lab, c, _ in cells if c in columns},
+                  key=lambda r: (method_key(r[0]), r[1]))
     table = Table("regimes", "Omega_all: batch, online and streaming versions", ["Method"],
                   [(c.title, r) for c, r in slots])
     grid = []
-    for m in methods:
-        row = [pick(cells[(m, c, r)]) if (m, c, r) in cells else None for c, r in slots]
+    for m, label in rows:
+        row = [pick(cells[(m, label, c, r)]) if (m, label, c, r) in cells else None
+               for c, r in slots]
         grid.append(row)
         violates = any(e is not None and e.method_violates for e in row)
-        table.rows.append([method_name(m) + (f" {DAGGER}" if violates else "")]
+        table.rows.append([label + (f" {DAGGER}" if violates else "")]
                           + [fmt(e) for e in row])
-        table.series.append((method_name(m), [((c.title, r), e) for (c, r), e
-                                              in zip(slots, row, strict=True) if e is not None]))
+        table.series.append((label, [((c.title, r), e) for (c, r), e
+                                     in zip(slots, row, strict=True) if e is not None]))
     _bold_best(table, grid, lambda e: not e.method_violates and e.method != "offline")
     table.notes = [_runs_note([e for row in grid for e in row if e is not None]),
                    "batch: several epochs over each task's data in mini-batches; online: one "
                    "pass in mini-batches; streaming: one sample at a time.",
                    "Bold: the best method of the column among those that do not retrain before "
-                   f"inference ({DAGGER}). {MISSING}: not run."]
+                   f"inference ({DAGGER}). {MISSING}: not run.",
+                   *_fixed_note(pool)]
     return table
 
 
