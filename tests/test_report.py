@@ -265,3 +265,15 @@ def test_html_report_renders_in_headless_chromium(html_report):
         assert browser.find_elements("css selector", "table.provenance tbody tr")
     finally:
         browser.quit()
+
+
+def test_shipped_reference_report_matches_its_results(tmp_path):
+    """docs/results/main-fashion/report.md is what `ciosl report` makes of the JSONs beside it
+    (regenerate it after changing the report code)."""
+    folder = Path(__file__).resolve().parent.parent / "docs" / "results" / "main-fashion"
+    shipped = (folder / "report.md").read_text()
+    report = write_report(folder, fmt="md", out=tmp_path / "report.md")
+    assert len(report.entries) == 14 * 6
+    for kind in ("main", "final", "cost"):
+        assert report.markdown(kind) in shipped, kind
+    assert "| TinyER | **0.9893 ± 0.0040** |" in report.markdown("main")
