@@ -162,9 +162,9 @@ def final_table(entries: list[Entry]) -> Table | None:
                 if r.get("accuracy_offline")] if col else []
         offline.append(f"{100 * sum(last) / len(last):.2f}" if last else MISSING)
     table.rows.append(["Offline learner"] + offline)
-    table.notes = [f"Accuracy on the test set after the whole stream (mean ± std over runs); "
-                   f"the offline learner trained on every sample at the same event. "
-                   f"Bold: the best single-pass streaming method of the column.",
+    table.notes = ["Accuracy on the test set after the whole stream (mean ± std over runs); "
+                   "the offline learner trained on every sample at the same event. "
+                   "Bold: the best single-pass streaming method of the column.",
                    *_fixed_note(chosen)]
     return table
 
