@@ -9,7 +9,7 @@ from pathlib import Path
 from ciosl.fileio import atomic_write_bytes
 from ciosl.report.html import render_html
 from ciosl.report.plots import Figure, make_figures
-from ciosl.report.results import Entry, load_entries, method_name
+from ciosl.report.results import Entry, load_entries, method_name, settings_text
 from ciosl.report.tables import Table, build_tables, to_markdown
 
 FORMATS = ("md", "html")
@@ -60,7 +60,7 @@ def render_markdown(title: str, tables: list[Table], figures: list[Figure],
         except ValueError:
             name = str(e.path)
         v = e.data.get("versions") or {}
-        diff = ", ".join(f"{k}={x}" for k, x in sorted(e.non_default.items())) or "(defaults)"
+        diff = settings_text(e.non_default) or "(defaults)"
         parts.append(f"| {name} | {method_name(e.method)} | {e.column.label} | "
                      f"{e.column.ordering} | {e.regime} | {e.n_runs} | {diff} | "
                      f"{v.get('ciosl', '?')} | {v.get('torch', '?')} |")

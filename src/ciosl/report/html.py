@@ -9,7 +9,7 @@ from html import escape
 from pathlib import Path
 
 from ciosl.report.plots import Figure
-from ciosl.report.results import Entry, method_name
+from ciosl.report.results import Entry, method_name, settings_text
 from ciosl.report.tables import Table
 
 STYLE = """
@@ -73,7 +73,7 @@ def provenance_html(entries: list[Entry], root: Path) -> str:
         except ValueError:
             name = str(e.path)
         versions = ", ".join(f"{k} {v}" for k, v in (e.data.get("versions") or {}).items())
-        diff = ", ".join(f"{k}={v}" for k, v in sorted(e.non_default.items())) or "(defaults)"
+        diff = settings_text(e.non_default) or "(defaults)"
         exact = {k: e.data.get(k) for k in ("settings", "protocol", "seeds", "extractor",
                                              "features_key", "feature_dim", "n_train", "n_test",
                                              "limit_per_class", "sweep") if k in e.data}

@@ -66,22 +66,22 @@ def _palette(n: int) -> list:
 def accuracy_figures(entries: list[Entry], folder: Path) -> list[Figure]:
     """One figure per main-table column: accuracy at each testing event, per method, with the
     offline learner's curve."""
-    by_col: dict[Column, dict[str, list[Entry]]] = {}
+    by_col: dict[Column, dict[tuple[str, str], list[Entry]]] = {}  # a line per Table 2 row
     for e in entries:
         if e.regime == "streaming" and not e.diff:
-            by_col.setdefault(e.column, {}).setdefault(e.method, []).append(e)
+            by_col.setdefault(e.column, {}).setdefault((e.method, e.label), []).append(e)
     figures = []
     for column in sorted(by_col):
-        methods = sorted(by_col[column], key=method_key)
+        methods = sorted(by_col[column], key=lambda r: (method_key(r[0]), r[1]))
         fig = MplFigure(figsize=(6.4, 4.0))
         ax = fig.subplots()
         colors = _palette(len(methods))
         band = 0.12 if len(methods) <= 6 else 0.05  # many overlapping bands turn to mud
-        for k, method in enumerate(methods):
-            e = pick(by_col[column][method])
+        for k, row in enumerate(methods):
+            e = pick(by_col[column][row])
             pos, mean, std = _curve(e, "accuracy")
             style = "--" if e.violates else "-"
-            ours = method == "ciosl"  # the paper's method stands out
+            ours = row[0] == "ciosl"  # the paper's method stands out
             color = "crimson" if ours else colors[k]
             ax.plot(pos, mean, style, marker="o" if ours else MARKERS[k % len(MARKERS)], ms=4,
                     color=color, label=e.label, lw=2.5 if ours else 1.4,

@@ -57,14 +57,16 @@ def fmt(entry: Entry | None) -> str:
     return MISSING if entry is None else f"{entry.mean:.4f} ± {entry.std:.4f}"
 
 
-def _bold_best(table: Table, cells: list[list[Entry | None]], eligible) -> None:
-    """Bold the highest mean of each value column among the eligible entries (ties: all)."""
+def _bold_best(table: Table, cells: list[list[Entry | None]], eligible,
+               value=lambda e: e.mean, digits: int = 4) -> None:
+    """Bold the highest ``value`` of each value column among the eligible entries (ties, to
+    the printed ``digits``: all)."""
     for j in range(len(table.columns)):
-        col = [(i, row[j]) for i, row in enumerate(cells) if row[j] is not None
-               and eligible(row[j])]
+        col = [(i, round(value(row[j]), digits)) for i, row in enumerate(cells)
+               if row[j] is not None and eligible(row[j])]
         if col:
-            best = max(e.mean for _, e in col)
-            table.bold |= {(i, j) for i, e in col if round(e.mean, 4) == round(best, 4)}
+            best = max(x for _, x in col)
+            table.bold |= {(i, j) for i, x in col if x == best}
 
 
 def _streaming_single_pass(e: Entry) -> bool:
@@ -149,12 +151,8 @@ def final_table(entries: list[Entry]) -> Table | None:
     _method_rows(table, rows, grid)
     for cells, row in zip(table.rows, values, strict=True):
         cells += [MISSING if v is None else f"{v[0]:.2f} ± {v[1]:.2f}" for v in row]
-    for j in range(len(columns)):  # bold: best single-pass streaming method, as in Table 2
-        col = [(i, v[j][0]) for i, (v, g) in enumerate(zip(values, grid, strict=True))
-               if v[j] is not None and _streaming_single_pass(g[j])]
-        if col:
-            best = max(x for _, x in col)
-            table.bold |= {(i, j) for i, x in col if round(x, 2) == round(best, 2)}
+    _bold_best(table, grid, lambda e: _final(e) is not None and _streaming_single_pass(e),
+               value=lambda e: _final(e)[0], digits=2)  # as in Table 2
     offline = []
     for j in range(len(columns)):
         col = [row[j] for row in grid if row[j] is not None]
