@@ -52,6 +52,13 @@ class DatasetSpec:
     offline_epochs: int  # offline reference learner (paper Table 5)
     offline_batch_size: int
     how_to_get: str  # one line telling a user how to make the data available
+    # base initialisation of every learner that trains its head offline on the base set
+    # (``base_epochs`` / ``base_batch_size`` settings, see ``Learner.protocol_defaults``): the
+    # paper's Table 5 gives one offline recipe per dataset, "training parameters used for CIOSL
+    # and the offline model", and base init is CIOSL's only offline training; so by default
+    # base init trains like the dataset's offline learner.
+    base_epochs: int
+    base_batch_size: int
 
 
 @dataclass(frozen=True)

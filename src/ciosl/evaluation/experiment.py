@@ -76,8 +76,9 @@ def parse_assignments(items: Sequence[str]) -> dict[str, str]:
 def resolve_settings(cls: type[Learner], spec: DatasetSpec, ordering: str,
                      buffer: int | None, overrides: dict[str, str]) -> dict[str, Any]:
     """The learner's settings for this cell: defaults, the dataset's buffer, the protocol's
-    defaults (``cls.protocol_defaults(ordering=..., spec=DatasetSpec)``, optional), then the
-    user's values, each checked."""
+    defaults (``cls.protocol_defaults(ordering=..., spec=DatasetSpec)``: the dataset's base-init
+    recipe for every method with ``base_epochs`` / ``base_batch_size``, plus the method's own),
+    then the user's values, each checked."""
     known = {s.name: s for s in cls.settings() if s.name != "seed"}
     unknown = sorted(set(overrides) - set(known))
     if unknown:

@@ -155,6 +155,24 @@ class Learner:
             )
         return out
 
+    BASE_RECIPE: ClassVar[tuple[str, ...]] = ("base_epochs", "base_batch_size")
+
+    @classmethod
+    def protocol_defaults(cls, *, ordering: str, spec: Any = None) -> dict[str, Any]:
+        """Settings the benchmark protocol gives this method for a dataset and ordering
+        (``experiment.resolve_settings`` applies them over the constructor's defaults, and the
+        user's ``--set`` over them).
+
+        Here: the dataset's base-initialisation recipe, ``base_epochs`` / ``base_batch_size``
+        from its ``DatasetSpec``, for every method that has those settings, so that every
+        learner that trains its head on the base set does it the same way. A subclass that
+        adds its own defaults must merge these: ``return {**super().protocol_defaults(
+        ordering=ordering, spec=spec), ...}``."""
+        if spec is None:
+            return {}
+        names = {s.name for s in cls.settings()}
+        return {name: getattr(spec, name) for name in cls.BASE_RECIPE if name in names}
+
     def get_params(self) -> dict[str, Any]:
         return {s.name: getattr(self, s.name) for s in self.settings()}
 

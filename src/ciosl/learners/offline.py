@@ -69,7 +69,8 @@ class Offline(Learner):
         """The reference learner's epochs and batch size for this dataset."""
         if spec is None:
             return {}
-        return {"epochs": spec.offline_epochs, "batch_size": spec.offline_batch_size}
+        return {**super().protocol_defaults(ordering=ordering, spec=spec),
+                "epochs": spec.offline_epochs, "batch_size": spec.offline_batch_size}
 
     def _check_settings(self) -> None:
         super()._check_settings()

@@ -68,13 +68,18 @@ def print_result(result: dict) -> None:
 
 def print_datasets(rows) -> None:
     table = Table(title="datasets", title_justify="left")
-    for col in ("name", "present", "orderings", "base", "classes/step", "buffer", "extractor"):
+    for col in ("name", "present", "orderings", "base", "classes/step", "buffer", "extractor",
+                "base init", "offline"):
         table.add_column(col, overflow="fold")
     for spec, present, _ in rows:
         table.add_row(spec.name, "[green]yes[/]" if present else "[red]no[/]",
                       " ".join(spec.orderings), f"{spec.base_fraction:g}",
-                      str(spec.classes_per_step), str(spec.buffer), spec.default_extractor)
+                      str(spec.classes_per_step), str(spec.buffer), spec.default_extractor,
+                      f"{spec.base_epochs} x {spec.base_batch_size}",
+                      f"{spec.offline_epochs} x {spec.offline_batch_size}")
     console.print(table)
+    console.print("base init / offline: epochs x batch size of every learner's base training "
+                  "and of the offline reference learner")
     for spec, present, where in rows:
         text = f"found in {where}" if present else spec.how_to_get
         console.print(f"[bold]{spec.name}[/]: {text}", highlight=False)
