@@ -134,24 +134,31 @@ def forward(params, X):
     return F.linear(F.relu(F.linear(F.relu(F.linear(X, W0, b0)), W1, b1)), W2, b2)
 
 
-def test_finetune_first_steps_are_sgd():
+@pytest.mark.parametrize("max_grad_norm", [float("inf"), 0.5])  # the paper's plain SGD; clipped
+def test_finetune_first_steps_are_sgd(max_grad_norm):
     lr, wd, m = 0.05, 1e-3, 0.9
     Z, y = gaussian_data(n_per_class=5, seed=6)
-    learner = make_learner("finetune", lr=lr, weight_decay=wd, momentum=m, base_epochs=0)
+    learner = make_learner("finetune", lr=lr, weight_decay=wd, momentum=m, base_epochs=0,
+                           max_grad_norm=max_grad_norm)
     learner.fit_base(Z, y)  # builds the head for 3 classes; no training step
     p0 = [p.detach().clone().requires_grad_(True) for p in learner.net.params]
     x, k = torch.from_numpy(Z[:1]), learner.classes_.index(y[0])
     g = torch.autograd.grad(F.cross_entropy(forward(p0, x), torch.tensor([k])), p0)
+    norm = float(torch.cat([gg.flatten() for gg in g]).norm())
+    scale = min(1.0, max_grad_norm / norm)
+    assert scale < 1 or max_grad_norm == float("inf")  # the clipped case does clip
     learner.learn_one(Z[0], y[0])
     for p, pp, gg in zip(learner.net.params, p0, g, strict=True):  # first step: no momentum
-        torch.testing.assert_close(p, pp - lr * (gg + wd * pp), rtol=0, atol=1e-7)
-    # the second step uses the momentum buffer exactly as torch.optim.SGD does
+        torch.testing.assert_close(p, pp - lr * (scale * gg + wd * pp), rtol=0, atol=1e-7)
+    # the second step uses the momentum buffer exactly as torch.optim.SGD does (after
+    # torch.nn.utils.clip_grad_norm_)
     ref = [p.detach().clone().requires_grad_(True) for p in p0]
     opt = torch.optim.SGD(ref, lr=lr, momentum=m, weight_decay=wd)
     for i in range(2):
         opt.zero_grad()
         target = torch.tensor([learner.classes_.index(y[i])])
         F.cross_entropy(forward(ref, torch.from_numpy(Z[i:i + 1])), target).backward()
+        torch.nn.utils.clip_grad_norm_(ref, max_grad_norm)
         opt.step()
     learner.learn_one(Z[1], y[1])
     for p, r in zip(learner.net.params, ref, strict=True):
@@ -191,7 +198,7 @@ def test_divergence_is_reported_not_hidden(method):
     rng = np.random.default_rng(0)
     Z = rng.normal(0, 30, (64, 50)).astype(np.float32)
     y = np.arange(64) % 4
-    learner = make_learner(method, lr=5.0, base_epochs=1)
+    learner = make_learner(method, lr=5.0, base_epochs=1, max_grad_norm=float("inf"))
     with pytest.raises(FloatingPointError, match="diverged.*lower lr") as info:
         learner.fit_base(Z[:16], y[:16])
         for z, c in zip(Z, y, strict=True):

@@ -166,8 +166,8 @@ def main(argv: list[str] | None = None) -> int:
                     exp, on_start=on_start, on_progress=on_progress,
                     on_run=None if args.quiet else out.print_run, on_resume=out.print_resume)
             out.print_result(result)
-    except (ValueError, FileNotFoundError, RuntimeError) as e:
-        out.err_console.print(f"[red]error:[/] {e}")
+    except (ValueError, FileNotFoundError, RuntimeError, FloatingPointError) as e:
+        out.err_console.print(f"[red]error:[/] {e}")  # diverged training: FloatingPointError
         return 2
     return 0
 

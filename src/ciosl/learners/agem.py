@@ -34,7 +34,6 @@ import torch
 import torch.nn.functional as F
 
 from ciosl.learners.base import register
-from ciosl.learners.head import check_finite
 from ciosl.learners.tinyer import TinyER
 
 
@@ -68,8 +67,7 @@ class AGEM(TinyER):
         params = self.net.params
         logits = self.net(X)  # (n_new + r, C)
         loss = F.cross_entropy(logits[:n_new], Y[:n_new])
-        check_finite(loss, X, name=self.name, n_seen=self.n_seen_, lr=self.lr,
-                     momentum=self.momentum)
+        self._check_finite(loss, X)
         g = torch.autograd.grad(loss, params, retain_graph=len(Y) > n_new)
         if len(Y) > n_new:
             g_ref = torch.autograd.grad(F.cross_entropy(logits[n_new:], Y[n_new:]), params)

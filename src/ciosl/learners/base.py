@@ -137,6 +137,10 @@ class Learner:
     # the others
     regimes: ClassVar[tuple[str, ...]] = ("streaming", "online", "batch")
     regime_note: ClassVar[str] = ""
+    # settings whose default here is not the paper's, with the paper's value (e.g. gradient
+    # clipping, which the paper's plain SGD does not have): reports label the results that
+    # use another value, and results written before the setting existed ran at this value
+    paper_values: ClassVar[dict[str, Any]] = {}
 
     # ------------------------------------------------------------------ settings
     @classmethod

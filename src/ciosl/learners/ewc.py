@@ -52,7 +52,7 @@ import torch.nn.functional as F
 
 from ciosl.learners.base import register
 from ciosl.learners.finetune import FineTune
-from ciosl.learners.head import SGD, check_finite
+from ciosl.learners.head import MAX_GRAD_NORM, SGD
 
 
 @register
@@ -71,12 +71,13 @@ class EWC(FineTune):
 
     def __init__(self, *, lam: float = 500.0, refresh_every: int = 500,
                  max_penalty_step: float = 1.0, lr: float = 0.01, momentum: float = 0.9,
-                 weight_decay: float = 1e-5, base_epochs: int = 20, base_batch_size: int = 16,
-                 seed: int = 0):
+                 weight_decay: float = 1e-5, max_grad_norm: float = MAX_GRAD_NORM,
+                 base_epochs: int = 20, base_batch_size: int = 16, seed: int = 0):
         self.lam = lam
         self.refresh_every = refresh_every
         self.max_penalty_step = max_penalty_step
         super().__init__(lr=lr, momentum=momentum, weight_decay=weight_decay,
+                         max_grad_norm=max_grad_norm,
                          base_epochs=base_epochs, base_batch_size=base_batch_size, seed=seed)
 
     def _check_settings(self) -> None:
@@ -96,8 +97,7 @@ class EWC(FineTune):
         mean."""
         logits = self.net(X)  # (1, C)
         loss = F.cross_entropy(logits, Y)
-        check_finite(loss, X, name=self.name, n_seen=self.n_seen_, lr=self.lr,
-                     momentum=self.momentum)
+        self._check_finite(loss, X)
         grads = torch.autograd.grad(loss, self.net.params, retain_graph=True)  # MAS re-uses it
         importance = self._importance(logits, list(grads))
         self.n_omega += 1

@@ -43,6 +43,7 @@ import torch
 
 from ciosl.learners.base import register
 from ciosl.learners.finetune import FineTune
+from ciosl.learners.head import MAX_GRAD_NORM
 
 _EXACT = "donot_use_mm_for_euclid_dist"  # per-pair distances, independent of the batch shape
 
@@ -77,11 +78,13 @@ class ExStream(FineTune):
     conformance_settings: ClassVar[list[dict]] = [{"buffer": 16}, {"buffer": 5, "n_replay": 4}]
 
     def __init__(self, *, buffer: int = 1000, n_replay: int = 16, lr: float = 0.01,
-                 momentum: float = 0.9, weight_decay: float = 1e-5, base_epochs: int = 20,
+                 momentum: float = 0.9, weight_decay: float = 1e-5,
+                 max_grad_norm: float = MAX_GRAD_NORM, base_epochs: int = 20,
                  base_batch_size: int = 16, seed: int = 0):
         self.buffer = buffer
         self.n_replay = n_replay
         super().__init__(lr=lr, momentum=momentum, weight_decay=weight_decay,
+                         max_grad_norm=max_grad_norm,
                          base_epochs=base_epochs, base_batch_size=base_batch_size, seed=seed)
 
     def _check_settings(self) -> None:

@@ -20,6 +20,7 @@ import torch
 
 from ciosl.learners.base import register
 from ciosl.learners.ewc import EWC
+from ciosl.learners.head import MAX_GRAD_NORM
 
 
 @register
@@ -30,10 +31,11 @@ class MAS(EWC):
 
     def __init__(self, *, lam: float = 1.0, refresh_every: int = 500,
                  max_penalty_step: float = 1.0, lr: float = 0.01, momentum: float = 0.9,
-                 weight_decay: float = 1e-5, base_epochs: int = 20, base_batch_size: int = 16,
-                 seed: int = 0):
+                 weight_decay: float = 1e-5, max_grad_norm: float = MAX_GRAD_NORM,
+                 base_epochs: int = 20, base_batch_size: int = 16, seed: int = 0):
         super().__init__(lam=lam, refresh_every=refresh_every, max_penalty_step=max_penalty_step,
                          lr=lr, momentum=momentum, weight_decay=weight_decay,
+                         max_grad_norm=max_grad_norm,
                          base_epochs=base_epochs, base_batch_size=base_batch_size, seed=seed)
 
     def _importance(self, logits: torch.Tensor, grads: list[torch.Tensor]) -> list[torch.Tensor]:
