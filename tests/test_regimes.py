@@ -131,7 +131,8 @@ def test_mini_batch_updates_exist_where_the_regime_comparison_needs_them():
 
 
 def test_finetune_mini_batch_step_is_sgd_on_the_batch_mean(fs):
-    learner = make_learner("finetune", momentum=0.0, weight_decay=0.0, lr=0.1)
+    learner = make_learner("finetune", momentum=0.0, weight_decay=0.0, lr=0.1,
+                           max_grad_norm=float("inf"))  # plain SGD
     learner.fit_base(fs.train_z[:30], fs.train_y[:30])  # class 0 only
     Z, y = fs.train_z[25:35], fs.train_y[25:35]  # classes 0 and 1 (a new one)
     learner._encode_new([1])  # the new output unit, to copy the parameters with it
