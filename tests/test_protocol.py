@@ -34,14 +34,30 @@ def fs():
 
 
 def test_omega_all_is_the_mean_ratio():
-    assert omega_all([0.5, 0.9], [1.0, 0.9]) == pytest.approx(0.75)
+    assert omega_all([0.5, 0.9], [1.0, 0.9], events="all") == pytest.approx(0.75)
+    assert omega_all([0.5, 0.9], [1.0, 0.9]) == pytest.approx(1.0)  # the base event left out
     with pytest.raises(ValueError):
         omega_all([0.5], [0.5, 0.4])
     with pytest.raises(ValueError, match="offline accuracy is 0"):
-        omega_all([0.5], [0.0])
+        omega_all([0.5, 0.5], [0.4, 0.0])
+    with pytest.raises(ValueError, match="no testing event after base init"):
+        omega_all([0.5], [0.5])
+    with pytest.raises(ValueError, match="valid choices: after_base, all"):
+        omega_all([0.5, 0.5], [0.5, 0.5], events="first")
     m, s = mean_std([1.0, 2.0, 3.0])
     assert m == 2.0 and s == pytest.approx(1.0)
     assert mean_std([0.7]) == (0.7, 0.0)
+
+
+def test_omega_all_after_base_init_and_over_every_event_by_hand():
+    """A hand-made curve: the base event (index 0) scores like the offline learner, the later
+    ones do not. Ratios: 0.99 / 1.0 = 0.99, 0.6 / 0.8 = 0.75, 0.4 / 0.8 = 0.5, 0.3 / 0.6 = 0.5.
+    After base init (Kemker et al.): (0.75 + 0.5 + 0.5) / 3 = 0.58333...
+    Every event:                     (0.99 + 0.75 + 0.5 + 0.5) / 4 = 0.685."""
+    acc, offline = [0.99, 0.6, 0.4, 0.3], [1.0, 0.8, 0.8, 0.6]
+    assert omega_all(acc, offline) == pytest.approx(1.75 / 3)
+    assert omega_all(acc, offline, events="after_base") == pytest.approx(0.5833333333)
+    assert omega_all(acc, offline, events="all") == pytest.approx(0.685)
 
 
 def test_offline_reference_is_cached_and_shared(fs, tmp_path, monkeypatch):
@@ -87,11 +103,16 @@ def test_run_experiment_writes_json_and_refuses_bad_settings(fs, tmp_path):
     assert saved["omega_all"] == res["omega_all"]
     assert len(saved["runs"]) == 2
     for run in saved["runs"]:
-        assert len(run["accuracy"]) == len(run["accuracy_offline"]) == 3
-        assert run["omega_all"] == pytest.approx(
-            np.mean(np.array(run["accuracy"]) / np.array(run["accuracy_offline"])))
+        # every event's accuracy is stored, the base event (stream position 0) included ...
+        assert run["events"][0] == 0
+        assert len(run["accuracy"]) == len(run["accuracy_offline"]) == len(run["events"]) == 3
+        # ... and Omega_all averages the events after it by default
+        ratio = np.array(run["accuracy"]) / np.array(run["accuracy_offline"])
+        assert run["omega_all"] == pytest.approx(ratio[1:].mean())
+        assert run["omega_events"] == "after_base"
     assert saved["omega_all"]["mean"] == pytest.approx(
         np.mean([r["omega_all"] for r in saved["runs"]]))
+    assert saved["omega_all"]["events"] == "after_base"
 
     out2 = tmp_path / "out2"
     for bad, match in [({"shrinkage": "abc"}, "expects float"),
@@ -103,6 +124,49 @@ def test_run_experiment_writes_json_and_refuses_bad_settings(fs, tmp_path):
         run_experiment(ExperimentSpec(dataset=f"features:{path}", ordering="instance",
                                       method="slda", out_dir=out2))
     assert not out2.exists()  # nothing written half-way
+
+
+def test_base_event_is_stored_but_left_out_of_omega_all_by_default(fs, tmp_path):
+    """Through the runner and the JSON: a learner that forgets everything after base init
+    (fine-tuning on separable blobs, class-iid) scores ~1 at the base event only; Omega_all
+    leaves that event out unless --omega-events all asks for it."""
+    path = tmp_path / "feats.npz"
+    np.savez(path, train_z=fs.train_z, train_y=fs.train_y, test_z=fs.test_z, test_y=fs.test_y)
+    cache = tmp_path / "cache"
+    common = dict(dataset=f"features:{path}", ordering="class_iid", method="finetune",
+                  seeds=[0], cache_dir=cache, offline_epochs=5, settings={"base_epochs": "5"})
+    default = run_experiment(ExperimentSpec(**common, out_dir=tmp_path / "a"))
+    every = run_experiment(ExperimentSpec(**common, out_dir=tmp_path / "b",
+                                          omega_events="all"))
+    saved = json.loads((tmp_path / "a" / "features-feats_class_iid_finetune.json").read_text())
+    run = saved["runs"][0]
+    assert run["events"] == [0, 80, 160] and len(run["accuracy"]) == 3
+    assert run["accuracy"] == every["runs"][0]["accuracy"]  # same runs, two averages
+    ratio = np.array(run["accuracy"]) / np.array(run["accuracy_offline"])
+    assert ratio[0] > 0.9  # the base event flatters: just trained offline on the same data
+    assert saved["omega_all"] == {"mean": pytest.approx(ratio[1:].mean()), "std": 0.0,
+                                  "events": "after_base"}
+    assert every["omega_all"]["mean"] == pytest.approx(ratio.mean())
+    assert every["omega_all"]["events"] == "all"
+    assert default["omega_all"]["mean"] < every["omega_all"]["mean"]
+    with pytest.raises(ValueError, match="valid choices: after_base, all"):
+        run_experiment(ExperimentSpec(**common, omega_events="base"))
+
+
+def test_cli_omega_events_flag(tmp_path, capsys):
+    args = ["run", "--dataset", "digits", "--ordering", "class_iid", "--method", "ncm",
+            "--runs", "1", "--cache", str(tmp_path / "cache"), "--offline-epochs", "3"]
+    assert main([*args, "--out", str(tmp_path / "a")]) == 0
+    out = capsys.readouterr().out
+    assert "over the events after base init" in out
+    assert "event 0: right after base init, not in Omega_all" in out
+    assert main([*args, "--out", str(tmp_path / "b"), "--omega-events", "all", "--quiet"]) == 0
+    assert "every event, base init included" in capsys.readouterr().out
+    a, b = (json.loads((tmp_path / d / "digits_class_iid_ncm.json").read_text()) for d in "ab")
+    assert a["runs"][0]["accuracy"] == b["runs"][0]["accuracy"]
+    ratio = np.array(a["runs"][0]["accuracy"]) / np.array(a["runs"][0]["accuracy_offline"])
+    assert a["omega_all"]["mean"] == pytest.approx(ratio[1:].mean())
+    assert b["omega_all"]["mean"] == pytest.approx(ratio.mean())
 
 
 def _base_recipe_methods() -> list:

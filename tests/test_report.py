@@ -21,6 +21,7 @@ from ciosl.report.build import write_report
 from ciosl.report.results import load_entries
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CLIP = " (max_grad_norm=1.0)"  # the MLP heads' gradient clipping: not the paper's plain SGD
 DRIVER = shutil.which("chromedriver")
 
 
@@ -41,7 +42,8 @@ def fake(template: dict, folder: Path, method: str, ordering: str, omega: float,
     data = copy.deepcopy(template)
     data.update(method=method, ordering=ordering,
                 violates_single_pass=cls.violates_single_pass or regime == "batch",
-                settings={**settings, "seed": "per run"}, omega_all={"mean": omega, "std": 0.01})
+                settings={**settings, "seed": "per run"},
+                omega_all={"mean": omega, "std": 0.01, "events": "after_base"})
     data.pop("path", None)
     for run in data["runs"]:
         run["accuracy"] = [min(1.0, a * omega) for a in run["accuracy_offline"]]
@@ -113,14 +115,17 @@ def test_main_table_bolds_the_best_single_pass_method_and_marks_violations(html_
     assert table.kind == "main"
     assert table.header() == ["Method", "iid · digits ≤10/class", "class-iid · digits ≤10/class"]
     got = rows(table)
-    assert list(got) == ["Fine-Tune", "GDumb †", "TinyER", "NCM", "CIOSL (ours)",
+    # defaults that are not the paper's are part of the row's name (gradient clipping)
+    assert list(got) == [f"Fine-Tune{CLIP}", "GDumb †", f"TinyER{CLIP}", "NCM", "CIOSL (ours)",
                          "Offline accuracy (Offline-hat)"]
     assert got["GDumb †"] == ["–", "0.9700 ± 0.0100"]
     assert got["CIOSL (ours)"] == ["0.9000 ± 0.0100", "0.9500 ± 0.0100"]
     # GDumb is higher on class-iid but retrains before inference: CIOSL gets the bold
-    assert bold_cells(table) == {("TinyER", "iid · digits ≤10/class"),
+    assert bold_cells(table) == {(f"TinyER{CLIP}", "iid · digits ≤10/class"),
                                  ("CIOSL (ours)", "class-iid · digits ≤10/class")}
     assert any("†" in n and "single-pass" in n for n in table.notes)
+    assert any(n.startswith("(max_grad_norm=...): a default of this implementation that is "
+                            "not the paper's") for n in table.notes)
     assert float(got["Offline accuracy (Offline-hat)"][1]) > 0.5
 
 
@@ -141,14 +146,14 @@ def test_settings_a_sweep_grid_fixes_stay_in_the_main_table_with_a_label(templat
     report = write_report(tmp_path, fmt="md")
     main = report.tables[0]
     assert main.kind == "main"
-    assert list(rows(main)) == ["Fine-Tune (lr=0.001)", "CIOSL (ours)",
+    assert list(rows(main)) == ["Fine-Tune (lr=0.001, max_grad_norm=1.0)", "CIOSL (ours)",
                                 "Offline accuracy (Offline-hat)"]
-    assert rows(main)["Fine-Tune (lr=0.001)"] == ["0.4500 ± 0.0100"]
+    assert rows(main)["Fine-Tune (lr=0.001, max_grad_norm=1.0)"] == ["0.4500 ± 0.0100"]
     assert any("[settings.METHOD]" in n for n in main.notes)
     elsewhere = {r[0] for t in report.tables[1:] for r in t.rows}
-    assert {"A-GEM", "MAS"} <= elsewhere
+    assert {"A-GEM", "MAS"} <= elsewhere  # the ablation tables name what they vary
     text = report.path.read_text()
-    assert "| Fine-Tune (lr=0.001) | 0.4500 ± 0.0100 |" in text
+    assert "| Fine-Tune (lr=0.001, max_grad_norm=1.0) | 0.4500 ± 0.0100 |" in text
 
     # the regimes table labels its rows the same way
     folder = tmp_path / "regimes"
@@ -157,6 +162,55 @@ def test_settings_a_sweep_grid_fixes_stay_in_the_main_table_with_a_label(templat
               "default", {"lr": "0.001"})
     regimes = [t for t in write_report(folder, fmt="md").tables if t.kind == "regimes"][0]
     assert rows(regimes) == {"VCL (lr=0.001)": ["0.7000 ± 0.0100", "0.6000 ± 0.0100"]}
+
+
+def test_old_results_get_the_same_omega_all_definition_as_new_ones(template, tmp_path, capsys):
+    """A result written before the base event was left out (no ``omega_all.events``: every
+    event averaged, only non-default settings recorded) is recomputed from its per-event
+    accuracies, so it never mixes with new results' definition; the report says so."""
+    old = fake(template, tmp_path, "finetune", "class_iid", 0.0)
+    data = json.loads(old.read_text())
+    for run in data["runs"]:  # base event: as good as offline; after it: half as good
+        run["accuracy"] = [run["accuracy_offline"][0]] + [0.5 * a for a in
+                                                          run["accuracy_offline"][1:]]
+        run["omega_all"] = (1.0 + 0.5 * 4) / 5  # what the old runner stored: 0.6
+        run.pop("omega_events", None)
+    data["omega_all"] = {"mean": 0.6, "std": 0.0}  # the old format: no label
+    data["settings"] = {"seed": "per run"}  # the old format: only non-default settings
+    old.write_text(json.dumps(data))
+    fake(template, tmp_path, "tinyer", "class_iid", 0.9)  # a new result
+
+    report = write_report(tmp_path, fmt="md")
+    got = rows(report.tables[0])
+    # after base init: 0.5, not the stored 0.6; written before gradient clipping existed, it
+    # ran the paper's plain SGD and is labelled as such (no max_grad_norm in its name)
+    assert got["Fine-Tune"] == ["0.5000 ± 0.0000"]
+    assert got[f"TinyER{CLIP}"] == ["0.9000 ± 0.0100"]  # labelled after_base: used as stored
+    finetune = next(e for e in report.entries if e.method == "finetune")
+    assert finetune.recomputed and finetune.legacy and not finetune.diff
+    assert any("over the testing events after base init" in n for n in report.tables[0].notes)
+    text = report.path.read_text()
+    assert "Omega_all: mean over the testing events after base init" in text
+    assert "1 of the results were written with the other definition" in text
+    assert "1 of the results were written by an older ciosl" in text
+
+    every = write_report(tmp_path, fmt="md", omega_events="all", out=tmp_path / "all.md")
+    got = rows(every.tables[0])
+    assert got["Fine-Tune"] == ["0.6000 ± 0.0000"]  # stored under that definition
+    assert float(got[f"TinyER{CLIP}"][0].split()[0]) == pytest.approx(0.9, abs=0.02)
+    assert any("every testing event, base init included" in n for n in every.tables[0].notes)
+
+    assert main(["report", str(tmp_path), "--omega-events", "all", "--out",
+                 str(tmp_path / "cli.md")]) == 0
+    assert "mean over every testing event" in (tmp_path / "cli.md").read_text()
+
+    # a result that cannot be recomputed (no per-event accuracies) is left out, and said so
+    data["runs"] = [{k: v for k, v in r.items() if k != "accuracy_offline"}
+                    for r in data["runs"]]
+    (tmp_path / "broken.json").write_text(json.dumps(data))
+    report = write_report(tmp_path, fmt="md", out=tmp_path / "r2.md")
+    assert len(report.entries) == 2
+    assert any(line.startswith("Left out: broken.json") for line in report.intro)
 
 
 def test_final_accuracy_and_cost_tables_follow_the_main_table(html_report, template):
@@ -198,7 +252,8 @@ def test_ablation_tables(html_report):
 
     regimes = by_kind["regimes"][0]
     assert [lab for _, lab in regimes.columns] == ["batch", "online", "streaming"]
-    assert rows(regimes)["TinyER"] == ["0.8100 ± 0.0100", "0.7100 ± 0.0100", "0.9300 ± 0.0100"]
+    assert rows(regimes)[f"TinyER{CLIP}"] == ["0.8100 ± 0.0100", "0.7100 ± 0.0100",
+                                            "0.9300 ± 0.0100"]
     assert rows(regimes)["CIOSL (ours)"][1] == "–"
 
     other = rows(by_kind["other"][0])
@@ -276,4 +331,6 @@ def test_shipped_reference_report_matches_its_results(tmp_path):
     assert len(report.entries) == 14 * 6
     for kind in ("main", "final", "cost"):
         assert report.markdown(kind) in shipped, kind
-    assert "| TinyER | **0.9893 ± 0.0040** |" in report.markdown("main")
+    # Omega_all recomputed over the events after base init (the JSONs averaged every event)
+    assert "| TinyER | **0.9758 ± 0.0038** |" in report.markdown("main")
+    assert report.intro[1].startswith("84 of the results were written with the other definition")

@@ -9,6 +9,7 @@ import os
 import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from ciosl.cli import main
@@ -105,6 +106,7 @@ ERRORS = [
     (BASE + "runs = 2.5\n", "runs", "expects a positive integer, got float"),
     (BASE + "limit_per_class = 0\n", "limit_per_class", "positive integer"),
     (BASE + 'extractor = "resnet"\n', "extractor", "unknown extractor 'resnet'"),
+    (BASE + 'omega_events = "first"\n', "omega_events", "valid choices: after_base, all"),
 ]
 
 
@@ -245,6 +247,38 @@ def test_runs_override_reuses_finished_runs_and_rewrites_cell_results(local_swee
     assert "seeds" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["sweep", str(path), "--runs", "1", "--seeds", "0"])
+
+
+def test_omega_events_rewrites_cell_results_without_rerunning(local_sweep, tmp_path):
+    """The Omega_all definition is a grid key (and a `ciosl sweep` flag): changing it rewrites
+    each cell's result from the finished runs' per-event accuracies, re-running nothing."""
+    import shutil
+
+    grid, _ = local_sweep
+    out = tmp_path / "out"
+    shutil.copytree(grid.out, out)
+    runs = {c.id: [run_file(out, c, s).stat().st_mtime_ns for s in grid.seeds]
+            for c in grid.cells}
+    path = write_grid(tmp_path, f'cache = "{grid.cache}"\nout = "{out}"\n'
+                      'omega_events = "all"\n' + SMALL)
+    assert load_grid(path).omega_events == "all"
+    summary = run_sweep(load_grid(path), executor="local", workers=1)
+    assert (summary.computed, len(summary.results)) == (0, len(grid.cells))
+    for cell in grid.cells:
+        result = json.loads(result_file(out, cell).read_text())
+        ratios = [np.array(r["accuracy"]) / np.array(r["accuracy_offline"])
+                  for r in result["runs"]]
+        assert result["omega_all"]["events"] == "all"
+        assert result["omega_all"]["mean"] == pytest.approx(np.mean([r.mean() for r in ratios]))
+        assert [run_file(out, cell, s).stat().st_mtime_ns for s in grid.seeds] == runs[cell.id]
+    assert main(["sweep", str(path), "--omega-events", "after_base", "--workers", "1"]) == 0
+    for cell in grid.cells:
+        result = json.loads(result_file(out, cell).read_text())
+        ratios = [np.array(r["accuracy"]) / np.array(r["accuracy_offline"])
+                  for r in result["runs"]]
+        assert result["omega_all"]["events"] == "after_base"
+        assert result["omega_all"]["mean"] == pytest.approx(
+            np.mean([r[1:].mean() for r in ratios]))
 
 
 def test_ray_executor_gives_the_local_results(local_sweep, tmp_path):

@@ -6,6 +6,12 @@ import argparse
 import sys
 
 from ciosl.data.orderings import ORDERINGS
+from ciosl.evaluation.metrics import OMEGA_EVENTS
+
+OMEGA_HELP = ("Omega_all averages acc_t / acc_offline_t over the testing events after base init "
+              "(after_base, the default: Kemker et al.'s definition, the paper's numbers) or over "
+              "every event, the base event included (all); every event's accuracy is kept in "
+              "the result either way")
 
 
 def _seeds(text: str) -> list[int]:
@@ -56,6 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="epochs per task of the batch regime (default 5)")
     run.add_argument("--resume", action="store_true",
                      help="continue from the experiment's checkpoint, if there is one")
+    run.add_argument("--omega-events", choices=OMEGA_EVENTS, default="after_base",
+                     help=OMEGA_HELP)
     run.add_argument("--threads", type=int, default=1, help="torch threads (default 1: "
                      "one-sample steps are fastest single-threaded; run seeds in parallel instead)")
 
@@ -87,6 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="override the grid's runs (seeds 0..N-1); finished runs are reused "
                       "by a later sweep with more")
     runs.add_argument("--seeds", type=_seeds, default=None, help="override the grid's seeds")
+    sweep.add_argument("--omega-events", choices=OMEGA_EVENTS, default=None,
+                       help="override the grid's omega_events: " + OMEGA_HELP)
     sweep.add_argument("--dry-run", action="store_true",
                        help="check the grid and list its cells; run nothing")
 
@@ -95,6 +105,10 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--format", choices=("md", "html"), default="md")
     report.add_argument("--out", default=None,
                         help="report file (default: RESULTS/report.md or RESULTS/report.html)")
+    report.add_argument("--omega-events", choices=OMEGA_EVENTS, default="after_base",
+                        help="the Omega_all every table shows, recomputed from each result's "
+                        "per-event accuracies (results written with either definition mix "
+                        "safely): " + OMEGA_HELP)
     return p
 
 
@@ -123,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
             from ciosl.evaluation.sweep import plan, run_sweep
 
             seeds = args.seeds if args.runs is None else list(range(args.runs))
-            grid = load_grid(args.config, out=args.out, seeds=seeds)
+            grid = load_grid(args.config, out=args.out, seeds=seeds,
+                             omega_events=args.omega_events)
             if args.dry_run:
                 out.print_sweep_plan(grid, plan(grid))
                 return 0
@@ -140,7 +155,8 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "report":
             from ciosl.report.build import write_report
 
-            report = write_report(args.results, fmt=args.format, out=args.out)
+            report = write_report(args.results, fmt=args.format, out=args.out,
+                                  omega_events=args.omega_events)
             out.print_report(report)
         elif args.command == "run":
             import torch
@@ -159,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
                 settings=parse_assignments(args.settings), limit_per_class=args.limit_per_class,
                 offline_epochs=args.offline_epochs, out_dir=args.out, cache_dir=args.cache,
                 data_root=args.data, checkpoint_every=args.checkpoint_every, resume=args.resume,
-                regime=args.regime, batch_size=args.batch_size, epochs=args.epochs)
+                regime=args.regime, batch_size=args.batch_size, epochs=args.epochs,
+                omega_events=args.omega_events)
             with out.sample_progress(f"{args.method} {args.dataset}/{args.ordering}") as (
                     on_start, on_progress):
                 result = run_experiment(

@@ -26,7 +26,7 @@ from ciosl.evaluation.checkpoint import (
     remove_stale_temporaries,
     save_checkpoint,
 )
-from ciosl.evaluation.metrics import mean_std, omega_all
+from ciosl.evaluation.metrics import check_omega_events, mean_std, omega_all
 from ciosl.evaluation.protocol import (
     OfflineSettings,
     Regime,
@@ -60,6 +60,7 @@ class ExperimentSpec:
     batch_size: int = 10  # mini-batch size of the online and batch regimes
     epochs: int = 5  # epochs per task of the batch regime
     resume: bool = False  # continue from the checkpoint next to the result JSON, if any
+    omega_events: str = "after_base"  # Omega_all over the events after base init, or "all"
 
 
 def parse_assignments(items: Sequence[str]) -> dict[str, str]:
@@ -139,6 +140,7 @@ def validate(exp: ExperimentSpec) -> tuple[DatasetSpec, type[Learner], dict[str,
     if (exp.checkpoint_every or exp.resume) and exp.out_dir is None:
         raise ValueError("checkpoints live next to the result JSON: --checkpoint-every and "
                          "--resume need an output folder")
+    check_omega_events(exp.omega_events)
     if exp.limit_per_class is not None and exp.limit_per_class < 1:
         raise ValueError(f"--limit-per-class must be >= 1, got {exp.limit_per_class}")
     cls = get_method(exp.method)
@@ -187,19 +189,32 @@ def run_seed(exp: ExperimentSpec, cls: type[Learner], settings: dict[str, Any], 
              ordering: Ordering, offline: OfflineSettings, cache_dir: Path | None,
              **stream: Any) -> dict:
     """One run of a cell: a fresh learner through ``run_stream(..., **stream)``, then its
-    offline reference and Omega_all. Shared by ``run_experiment`` and ``ciosl sweep``."""
+    offline reference and Omega_all. Shared by ``run_experiment`` and ``ciosl sweep``.
+    ``accuracy`` / ``accuracy_offline`` hold every testing event, the base event (index 0)
+    included; ``omega_all`` averages the events ``exp.omega_events`` names."""
     learner = cls(**settings, seed=ordering.seed)
     run = run_stream(learner, fs, ordering, regime=regime_of(exp), **stream)
     run["accuracy_offline"] = offline_curve(fs, ordering, offline, cache_dir)
-    run["omega_all"] = omega_all(run["accuracy"], run["accuracy_offline"])
+    run["omega_all"] = omega_all(run["accuracy"], run["accuracy_offline"],
+                                 events=exp.omega_events)
+    run["omega_events"] = exp.omega_events
     return run
 
 
 def aggregate(exp: ExperimentSpec, spec: DatasetSpec, cls: type[Learner],
               settings: dict[str, Any], fs: FeatureSet, offline: OfflineSettings,
               runs: list[dict], *, wall_seconds: float) -> dict:
-    """The result JSON of a cell from its runs (in ``exp.seeds`` order), without ``path``."""
+    """The result JSON of a cell from its runs (in ``exp.seeds`` order), without ``path``.
+
+    Each run's Omega_all is (re)computed from its per-event accuracies with
+    ``exp.omega_events`` (a run file of an older sweep may hold the other definition);
+    ``omega_all.events`` names the definition. ``settings`` holds every setting of the
+    method, its defaults included, so a report never has to guess what a run used."""
+    runs = [{**r, "omega_all": omega_all(r["accuracy"], r["accuracy_offline"],
+                                         events=exp.omega_events),
+             "omega_events": exp.omega_events} for r in runs]
     omega_mean, omega_std = mean_std([r["omega_all"] for r in runs])
+    every = {s.name: s.default for s in cls.settings() if s.name != "seed"}
     final_mean, final_std = mean_std([r["accuracy"][-1] for r in runs])
     result = {
         "dataset": exp.dataset,
@@ -213,13 +228,13 @@ def aggregate(exp: ExperimentSpec, spec: DatasetSpec, cls: type[Learner],
         "n_train": int(len(fs.train_y)),
         "n_test": int(len(fs.test_y)),
         "limit_per_class": exp.limit_per_class,
-        "settings": {**settings, "seed": "per run"},
+        "settings": {**every, **settings, "seed": "per run"},
         "protocol": {"base_fraction": spec.base_fraction,
                      "classes_per_step": spec.classes_per_step,
                      "offline": offline.__dict__},
         "seeds": [int(s) for s in exp.seeds],
         "runs": runs,
-        "omega_all": {"mean": omega_mean, "std": omega_std},
+        "omega_all": {"mean": omega_mean, "std": omega_std, "events": exp.omega_events},
         "final_accuracy": {"mean": final_mean, "std": final_std},
         "samples_per_second": float(np.mean([r["samples_per_second"] for r in runs])),
         "predict_seconds": float(np.mean([r["predict_seconds"] for r in runs])),

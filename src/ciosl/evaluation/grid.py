@@ -15,6 +15,8 @@ datasets = ["digits"]               # with orderings = [...] for every dataset, 
 orderings = ["iid", "class_iid"]    # [datasets] digits-video = ["instance", "class_instance"]
 limit_per_class = 100               # optional, as --limit-per-class
 # extractor, weights, offline_epochs, cache, data: optional, as the `ciosl run` options
+omega_events = "after_base"         # optional: Omega_all over the events after base init
+                                    # (default, Kemker et al.) or "all" (base event included)
 
 [settings.ciosl]                    # fixed settings of a method, in every cell
 lambda2 = 0.3
@@ -42,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from ciosl.evaluation.experiment import ExperimentSpec, result_path, validate
+from ciosl.evaluation.metrics import OMEGA_EVENTS, check_omega_events
 from ciosl.learners.base import Setting, get_method
 
 if sys.version_info >= (3, 11):
@@ -72,6 +75,8 @@ KEYS = {
     "regimes": "list of streaming, online, batch",
     "batch_size": "mini-batch size of the batch/online regimes",
     "epochs": "epochs of the batch regime",
+    "omega_events": "Omega_all over the testing events after base init (after_base, the "
+                    "default) or every event (all)",
 }
 _VARIANT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.+=-]*$")
 
@@ -114,6 +119,7 @@ class Grid:
     offline_epochs: int | None = None
     regime_options: dict[str, int] = field(default_factory=dict)  # batch_size, epochs
     description: str = ""
+    omega_events: str = "after_base"  # see metrics.omega_all
 
     def experiment(self, cell: Cell) -> ExperimentSpec:
         """The ``ExperimentSpec`` of ``cell`` (no output folder: the sweep writes the files)."""
@@ -125,7 +131,7 @@ class Grid:
             seeds=list(self.seeds), extractor=self.extractor, weights=self.weights,
             settings=dict(cell.settings), limit_per_class=self.limit_per_class,
             offline_epochs=self.offline_epochs, cache_dir=self.cache, data_root=self.data,
-            **extra)
+            omega_events=self.omega_events, **extra)
 
 
 def spec_fields() -> set[str]:
@@ -133,10 +139,10 @@ def spec_fields() -> set[str]:
 
 
 def load_grid(path: str | Path, *, out: str | Path | None = None,
-              seeds: list[int] | None = None) -> Grid:
-    """Read, expand and validate a grid file; ``out`` overrides the grid's output folder and
+              seeds: list[int] | None = None, omega_events: str | None = None) -> Grid:
+    """Read, expand and validate a grid file; ``out`` overrides the grid's output folder,
     ``seeds`` its runs (``ciosl sweep --runs 3``: the first seeds of a 10-run grid, whose run
-    files a later full sweep reuses)."""
+    files a later full sweep reuses) and ``omega_events`` its Omega_all definition."""
     path = Path(path)
     try:
         text = path.read_text()
@@ -151,6 +157,8 @@ def load_grid(path: str | Path, *, out: str | Path | None = None,
         if not seeds or any(s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
             raise GridError(f"seeds: expects distinct integers >= 0, got {seeds!r}")
         grid.seeds = list(seeds)
+    if omega_events is not None:
+        grid.omega_events = check_omega_events(omega_events)
     return grid
 
 
@@ -217,7 +225,8 @@ class _Parser:
             weights=self.get("weights", (str,), "a file name"),
             limit_per_class=self.positive("limit_per_class"),
             offline_epochs=self.positive("offline_epochs"),
-            regime_options=regime_options, description=description)
+            regime_options=regime_options, description=description,
+            omega_events=self.omega_events())
         seen: dict[str, Cell] = {}
         for (dataset, ordering, key), method in itertools.product(pairs, methods):
             for variant, (settings, keys, origin) in variants[method].items():
@@ -248,6 +257,13 @@ class _Parser:
                    else "extractor" if "extractor" in text
                    else cell.origin)
             raise self.fail(key, f"cell {cell.id}: {text}") from None
+
+    def omega_events(self) -> str:
+        value = self.get("omega_events", (str,), "a string", "after_base")
+        if value not in OMEGA_EVENTS:
+            raise self.fail("omega_events", f"unknown value {value!r}; valid choices: "
+                            f"{', '.join(OMEGA_EVENTS)}")
+        return value
 
     def seeds(self) -> list[int]:
         if "runs" in self.raw and "seeds" in self.raw:

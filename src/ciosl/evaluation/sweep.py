@@ -15,7 +15,9 @@ Work happens in three steps:
 A run file carries the fingerprint of its cell (dataset, ordering, method, resolved settings,
 features, offline settings, regime): re-running the same command skips the runs whose file is
 there with the same fingerprint, so an interrupted sweep resumes where it stopped, and a changed
-setting recomputes exactly the cells it changes.
+setting recomputes exactly the cells it changes. The Omega_all definition (``omega_events``) is
+not part of the fingerprint: a cell's Omega_all is computed from its runs' per-event accuracies
+when its result is written, so changing it rewrites the results without re-running anything.
 
 Feature caches and offline references live in the cache folder (``cache`` in the grid, else
 ``$CIOSL_CACHE`` or ``~/.cache/ciosl``) and are written atomically (unique temporary file, then
@@ -361,7 +363,8 @@ def run_sweep(grid: Grid, *, executor: str = "local", workers: int | None = None
     for info in complete:  # written already, unless its result is missing or stale
         old = read_json(result_file(out, info.cell))
         if not (isinstance(old, dict) and old.get("sweep", {}).get("fingerprint")
-                == info.fingerprint and old.get("seeds") == list(grid.seeds)):
+                == info.fingerprint and old.get("seeds") == list(grid.seeds)
+                and (old.get("omega_all") or {}).get("events") == info.exp.omega_events):
             summary.results.append(_cell_done(grid, out, info, monitor))
 
     status = Status(runs=summary.runs, skipped=skipped, offline=len(streams))

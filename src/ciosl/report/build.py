@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ciosl.fileio import atomic_write_bytes
@@ -22,6 +22,7 @@ class Report:
     tables: list[Table]
     figures: list[Figure]
     entries: list[Entry]
+    intro: list[str] = field(default_factory=list)  # lines under the title (md and html)
 
     def markdown(self, kind: str = "main") -> str | None:
         for table in self.tables:
@@ -41,9 +42,42 @@ def _grids(root: Path) -> list[tuple[str, str]]:
     return out
 
 
+def intro_lines(entries: list[Entry], omega_events: str,
+                left_out: list[tuple[Path, str]], root: Path) -> list[str]:
+    """What every Omega_all of the report means, and which results could not be used."""
+    from ciosl.evaluation.metrics import OMEGA_EVENTS_TEXT
+
+    lines = [f"Omega_all: {OMEGA_EVENTS_TEXT[omega_events]} (`ciosl report --omega-events "
+             f"{'all' if omega_events == 'after_base' else 'after_base'}` for the other "
+             "definition)."]
+    recomputed = sum(e.recomputed for e in entries)
+    if recomputed:
+        lines.append(f"{recomputed} of the results were written with the other definition "
+                     "(results without an `omega_all.events` label averaged every event): "
+                     "their Omega_all is recomputed from their per-event accuracies.")
+    legacy = sum(e.legacy for e in entries)
+    if legacy:
+        lines.append(f"{legacy} of the results were written by an older ciosl that recorded "
+                     "only the settings that differed from its defaults: the settings they do "
+                     "not record are listed at this version's defaults, which may differ from "
+                     "the ones they ran with (the base-init recipe, for one), except the "
+                     "departures from the paper added since (gradient clipping), which they "
+                     "ran without.")
+    for path, reason in left_out:
+        try:
+            name = str(path.relative_to(root))
+        except ValueError:
+            name = str(path)
+        lines.append(f"Left out: {name}: {reason}.")
+    return lines
+
+
 def render_markdown(title: str, tables: list[Table], figures: list[Figure],
-                    entries: list[Entry], root: Path, base: Path) -> str:
+                    entries: list[Entry], root: Path, base: Path,
+                    intro: list[str] = ()) -> str:
     parts = [f"# {title}", "", f"{len(entries)} results from `{root}`.", ""]
+    if intro:
+        parts += [f"{line}  " for line in intro] + [""]
     for table in tables:
         parts += [f"## {table.title}", "", to_markdown(table), ""]
         parts += [f"{n}  " for n in table.notes] + [""]
@@ -68,13 +102,16 @@ def render_markdown(title: str, tables: list[Table], figures: list[Figure],
 
 
 def write_report(results: str | Path, *, fmt: str = "md", out: str | Path | None = None,
-                 title: str | None = None) -> Report:
+                 title: str | None = None, omega_events: str = "after_base") -> Report:
     """Read every result JSON under ``results`` and write the report (figures in a
-    ``figures/`` folder next to it; the HTML report also embeds them)."""
+    ``figures/`` folder next to it; the HTML report also embeds them). Every Omega_all in it
+    follows ``omega_events`` (``metrics.omega_all``), whatever definition a result was written
+    with (``results.omega_of``)."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown report format {fmt!r}; valid choices: {', '.join(FORMATS)}")
     root = Path(results)
-    entries = load_entries(root)
+    left_out: list[tuple[Path, str]] = []
+    entries = load_entries(root, omega_events=omega_events, left_out=left_out)
     if not entries:
         raise FileNotFoundError(f"no result JSONs (from `ciosl run` or `ciosl sweep`) under "
                                 f"{root}")
@@ -82,9 +119,10 @@ def write_report(results: str | Path, *, fmt: str = "md", out: str | Path | None
     title = title or f"ciosl report: {root.resolve().name}"
     tables = build_tables(entries)
     figures = make_figures(entries, tables, path.parent / "figures")
+    intro = intro_lines(entries, omega_events, left_out, root)
     if fmt == "md":
-        text = render_markdown(title, tables, figures, entries, root, path.parent)
+        text = render_markdown(title, tables, figures, entries, root, path.parent, intro)
     else:
-        text = render_html(title, tables, figures, entries, root, _grids(root))
+        text = render_html(title, tables, figures, entries, root, _grids(root), intro)
     atomic_write_bytes(path, text.encode())
-    return Report(path, fmt, tables, figures, entries)
+    return Report(path, fmt, tables, figures, entries, intro)

@@ -35,14 +35,29 @@ def pct(x: float) -> str:
     return f"{100 * x:.2f}"
 
 
+OMEGA_LABEL = {"after_base": "events after base init", "all": "every event, base init included"}
+
+
+def omega_label(events: str | None) -> str:
+    """How an Omega_all was averaged (results without the label: every event, as before)."""
+    return OMEGA_LABEL.get(events or "all", str(events))
+
+
 def print_run(run: dict) -> None:
-    table = Table(title=f"seed {run['seed']}: Omega_all = {run['omega_all']:.4f}",
-                  title_justify="left")
+    events = run.get("omega_events", "all")
+    left_out = events == "after_base"
+    table = Table(title=f"seed {run['seed']}: Omega_all = {run['omega_all']:.4f} "
+                  f"(over the {omega_label(events)})", title_justify="left",
+                  caption="event 0: right after base init" + (
+                      ", not in Omega_all (its ratio in brackets)" if left_out else ""),
+                  caption_justify="left")
     for col in ("event", "stream position", "test samples", "accuracy %", "offline %", "ratio"):
         table.add_column(col, justify="right")
     for t, (pos, n, a, o) in enumerate(zip(run["events"], run["n_test"], run["accuracy"],
                                            run["accuracy_offline"], strict=True)):
-        table.add_row(str(t), str(pos), str(n), pct(a), pct(o), f"{a / o:.3f}")
+        ratio = f"{a / o:.3f}"
+        table.add_row(str(t), str(pos), str(n), pct(a), pct(o),
+                      f"({ratio})" if t == 0 and left_out else ratio)
     console.print(table)
 
 
@@ -57,7 +72,8 @@ def print_result(result: dict) -> None:
         f"[bold]{result['method']}[/] on {result['dataset']} / {result['ordering']} "
         f"({len(result['runs'])} runs, {result['extractor']} features, d={result['feature_dim']}):"
     )
-    console.print(f"  Omega_all      = {om['mean']:.4f} +- {om['std']:.4f}")
+    console.print(f"  Omega_all      = {om['mean']:.4f} +- {om['std']:.4f} (over the "
+                  f"{omega_label(om.get('events'))})")
     console.print(f"  final accuracy = {pct(fa['mean'])} +- {pct(fa['std'])} %")
     console.print(f"  speed          = {result['samples_per_second']:.0f} samples/s, "
                   f"peak state {result['peak_memory_bytes'] / 2**20:.2f} MiB, "
@@ -143,7 +159,8 @@ class SweepMonitor:
     def cell_done(self, cell, result) -> None:
         om = result["omega_all"]
         console.print(f"{cell.id}: Omega_all = {om['mean']:.4f} +- {om['std']:.4f} "
-                      f"({len(result['runs'])} runs)", highlight=False)
+                      f"({len(result['runs'])} runs, over the {omega_label(om.get('events'))})",
+                      highlight=False)
 
 
 @contextmanager

@@ -88,9 +88,10 @@ def provenance_html(entries: list[Entry], root: Path) -> str:
 
 
 def render_html(title: str, tables: list[Table], figures: list[Figure], entries: list[Entry],
-                root: Path, grids: list[tuple[str, str]]) -> str:
+                root: Path, grids: list[tuple[str, str]], intro: list[str] = ()) -> str:
     body = [f"<h1>{escape(title)}</h1>",
             f"<p>{len(entries)} results from <code>{escape(str(root))}</code>.</p>"]
+    body += [f'<p class="note">{escape(line)}</p>' for line in intro]
     for table in tables:
         body += [f"<h2>{escape(table.title)}</h2>", table_html(table)]
     if figures:

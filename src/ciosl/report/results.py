@@ -6,6 +6,19 @@ overrides). A result with no difference belongs in the main table; one that diff
 setting belongs in that setting's ablation, and so on. Settings a sweep grid fixes for a method
 (``[settings.METHOD]``, e.g. a baseline's learning rate) are part of that grid's protocol, not an
 ablation: such a result stays in the main table, its row labelled with them (``fixed``).
+
+Omega_all: every table shows one definition (``omega_events``: the events after base init, the
+default, or every event). A result written with that definition gives its stored Omega_all; one
+written with the other (results without ``omega_all.events``, from ciosl before the base event
+was left out, averaged every event) is recomputed from its runs' per-event accuracies, so old
+and new results never mix definitions. Results that predate ciosl recording every setting
+(``legacy``) have the settings they did not record taken as this version's cell defaults,
+except those added since as departures from the paper (``Learner.paper_values``, e.g. gradient
+clipping): those results ran at the paper's value.
+
+Settings whose value is not the paper's (``Learner.paper_values``, e.g. ``max_grad_norm=1``) are
+part of the method's label, as grid-fixed ones are (``unpaper``), so no table row passes a
+departure from the paper off as the paper's method.
 """
 
 from __future__ import annotations
@@ -80,6 +93,10 @@ class Entry:
     n_runs: int
     mtime: float
     fixed: dict[str, Any] = field(default_factory=dict)  # the sweep grid's [settings.METHOD]
+    unpaper: dict[str, Any] = field(default_factory=dict)  # defaults that are not the paper's
+    omega_events: str = "after_base"  # the Omega_all definition of mean / std
+    recomputed: bool = False  # mean / std recomputed from the per-event accuracies
+    legacy: bool = False  # written before results recorded every setting (see module doc)
 
     @property
     def name(self) -> str:
@@ -87,8 +104,10 @@ class Entry:
 
     @property
     def label(self) -> str:
-        """The method's name with the grid-fixed settings, e.g. ``Fine-Tune (lr=0.001)``."""
-        return self.name + (f" ({settings_text(self.fixed)})" if self.fixed else "")
+        """The method's name with the grid-fixed settings and the defaults that are not the
+        paper's, e.g. ``Fine-Tune (lr=0.001)``, ``Fine-Tune (max_grad_norm=1.0)``."""
+        shown = {**self.fixed, **self.unpaper}
+        return self.name + (f" ({settings_text(shown)})" if shown else "")
 
     @property
     def non_default(self) -> dict[str, Any]:
@@ -112,6 +131,16 @@ def _class_defaults(method: str) -> str | None:
     except ValueError:
         return None
     return json.dumps(_jsonable({s.name: s.default for s in cls.settings() if s.name != "seed"}))
+
+
+@cache
+def _paper_values(method: str) -> str:
+    from ciosl.learners.base import get_method
+
+    try:
+        return json.dumps(_jsonable(get_method(method).paper_values))
+    except ValueError:
+        return "{}"
 
 
 @cache
@@ -165,12 +194,40 @@ def is_result(data: Any) -> bool:
             and all(k in data for k in ("method", "dataset", "ordering")))
 
 
-def make_entry(data: dict, path: Path) -> Entry:
+def stored_omega_events(data: dict) -> str:
+    """The Omega_all definition a result was written with (unlabelled: every event)."""
+    return str((data.get("omega_all") or {}).get("events", "all"))
+
+
+def omega_of(data: dict, omega_events: str) -> tuple[float, float, bool]:
+    """(mean, std over runs, recomputed) of a result's Omega_all under ``omega_events``: the
+    stored values when the result was written with that definition, else recomputed from each
+    run's ``accuracy`` / ``accuracy_offline`` (ValueError when a run lacks them)."""
+    from ciosl.evaluation.metrics import mean_std, omega_all
+
+    om = data["omega_all"]
+    if stored_omega_events(data) == omega_events:
+        return float(om["mean"]), float(om.get("std", 0.0)), False
+    values = []
+    for run in data["runs"]:
+        if not (isinstance(run, dict) and run.get("accuracy") and run.get("accuracy_offline")):
+            raise ValueError(f"Omega_all was written over {stored_omega_events(data)!r} events "
+                             "and a run has no per-event accuracies to recompute it from")
+        values.append(omega_all(run["accuracy"], run["accuracy_offline"], events=omega_events))
+    mean, std = mean_std(values)
+    return mean, std, True
+
+
+def make_entry(data: dict, path: Path, omega_events: str = "after_base") -> Entry:
     method, dataset, ordering = data["method"], data["dataset"], data["ordering"]
     settings = {k: v for k, v in (data.get("settings") or {}).items() if k != "seed"}
+    legacy = "events" not in data["omega_all"]  # ciosl recorded only non-default settings
     base = _class_defaults(method)
-    effective = {**(json.loads(base) if base else {}), **_jsonable(settings)}
     defaults = _cell_defaults(method, dataset, ordering)
+    assumed = defaults if legacy and defaults is not None else base
+    paper = json.loads(_paper_values(method))
+    then = {k: v for k, v in paper.items() if k not in settings} if legacy else {}
+    effective = {**(json.loads(assumed) if assumed else {}), **then, **_jsonable(settings)}
     sweep = data.get("sweep") if isinstance(data.get("sweep"), dict) else {}
     grid_fixed = sweep.get("variant", "default") == "default"  # only [settings.METHOD] values
     given = dict(sweep.get("set") or {})
@@ -179,7 +236,8 @@ def make_entry(data: dict, path: Path) -> Entry:
         fixed = given if grid_fixed else {}
     else:
         default = json.loads(defaults)
-        diff = {k: v for k, v in effective.items() if k not in default or default[k] != v}
+        diff = {k: v for k, v in effective.items()
+                if (k not in default or default[k] != v) and k not in then}
         fixed = {k: v for k, v in diff.items() if k in given} if grid_fixed else {}
         diff = {k: v for k, v in diff.items() if k not in fixed}
     limit = data.get("limit_per_class") or 0
@@ -192,17 +250,25 @@ def make_entry(data: dict, path: Path) -> Entry:
         (DATASET_ORDER.index(dataset) if dataset in DATASET_ORDER else len(DATASET_ORDER),
          dataset),
         ordering, dataset, limit, extractor, label)
-    om = data["omega_all"]
+    mean, std, recomputed = omega_of(data, omega_events)
     return Entry(data=data, path=path, method=method, column=column, regime=regime_of(data),
                  diff=diff, effective=effective,
                  violates=bool(data.get("violates_single_pass", False)),
                  method_violates=method_violates(method, data),
-                 mean=float(om["mean"]), std=float(om.get("std", 0.0)),
-                 n_runs=len(data["runs"]), mtime=path.stat().st_mtime, fixed=fixed)
+                 mean=mean, std=std, n_runs=len(data["runs"]), mtime=path.stat().st_mtime,
+                 fixed=fixed, omega_events=omega_events, recomputed=recomputed, legacy=legacy,
+                 unpaper={k: effective[k] for k in paper if k in effective
+                          and effective[k] != paper[k] and k not in diff and k not in fixed})
 
 
-def load_entries(folder: str | Path) -> list[Entry]:
-    """Every result JSON under ``folder`` (recursively; run files and other JSONs are skipped)."""
+def load_entries(folder: str | Path, *, omega_events: str = "after_base",
+                 left_out: list[tuple[Path, str]] | None = None) -> list[Entry]:
+    """Every result JSON under ``folder`` (recursively; run files and other JSONs are skipped),
+    with Omega_all under ``omega_events``. A result whose Omega_all cannot be given under that
+    definition is left out, and (path, reason) appended to ``left_out``."""
+    from ciosl.evaluation.metrics import check_omega_events
+
+    check_omega_events(omega_events)
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"no such results folder: {folder}")
@@ -213,7 +279,11 @@ def load_entries(folder: str | Path) -> list[Entry]:
         except (OSError, ValueError):
             continue
         if is_result(data):
-            entries.append(make_entry(data, path))
+            try:
+                entries.append(make_entry(data, path, omega_events))
+            except ValueError as e:
+                if left_out is not None:
+                    left_out.append((path, str(e)))
     return entries
 
 
@@ -223,6 +293,8 @@ def pick(entries: list[Entry]) -> Entry:
 
 
 def offline_mean(entry: Entry) -> float | None:
-    """Mean over runs and events of the offline learner's accuracy (the paper's Offline-hat)."""
-    values = [a for run in entry.data["runs"] for a in run.get("accuracy_offline", [])]
+    """Mean over runs and the testing events Omega_all averages (``entry.omega_events``) of the
+    offline learner's accuracy (the paper's Offline-hat)."""
+    first = 1 if entry.omega_events == "after_base" else 0
+    values = [a for run in entry.data["runs"] for a in run.get("accuracy_offline", [])[first:]]
     return sum(values) / len(values) if values else None

@@ -73,10 +73,16 @@ def _streaming_single_pass(e: Entry) -> bool:
     return not e.violates and e.method != "offline"
 
 
+OMEGA_NOTE = {"after_base": "over the testing events after base init",
+              "all": "over every testing event, base init included"}
+
+
 def _runs_note(entries: list[Entry]) -> str:
     n = sorted({e.n_runs for e in entries})
     runs = f"{n[0]}" if len(n) == 1 else f"{n[0]}–{n[-1]}"
-    return f"Omega_all: mean ± std (sample std) over {runs} runs per cell."
+    events = sorted({e.omega_events for e in entries})
+    over = " and ".join(OMEGA_NOTE.get(x, x) for x in events)
+    return f"Omega_all ({over}): mean ± std (sample std) over {runs} runs per cell."
 
 
 def _main_cells(entries: list[Entry]):
@@ -100,9 +106,18 @@ def _method_rows(table: Table, rows, grid) -> None:
 
 
 def _fixed_note(chosen: list[Entry]) -> list[str]:
-    return (["(name=value): a setting the sweep grid fixes for that method (its "
-             "[settings.METHOD] table), in place of the method's default."]
-            if any(e.fixed for e in chosen) else [])
+    notes = []
+    if any(e.fixed for e in chosen):
+        notes.append("(name=value): a setting the sweep grid fixes for that method (its "
+                     "[settings.METHOD] table), in place of the method's default.")
+    unpaper = sorted({k for e in chosen for k in e.unpaper})
+    if unpaper:
+        notes.append(f"({', '.join(unpaper)}=...): a default of this implementation that is "
+                     "not the paper's" + (" (max_grad_norm: each SGD step's gradient clipped to "
+                     "that norm, which keeps one-sample steps at the paper's lr 0.01 from "
+                     "diverging; the paper's plain SGD is max_grad_norm=inf)"
+                     if "max_grad_norm" in unpaper else "") + ".")
+    return notes
 
 
 def main_table(entries: list[Entry]) -> Table | None:
@@ -126,8 +141,9 @@ def main_table(entries: list[Entry]) -> Table | None:
         "Bold: the best single-pass streaming method of the column.",
         f"{DAGGER} retrains or fine-tunes before inference, which violates the single-pass "
         "constraint of streaming learning; never bold.",
-        "Offline-hat: the offline learner's accuracy averaged over testing events and runs "
-        f"(Omega_all divides by it event by event). {MISSING}: not run.",
+        "Offline-hat: the offline learner's accuracy averaged over runs and the testing "
+        f"events Omega_all averages (Omega_all divides by it event by event). {MISSING}: not "
+        "run.",
         *_fixed_note(chosen),
     ]
     return table
