@@ -84,8 +84,7 @@ class MLP:
 
 
 def check_finite(loss: torch.Tensor, X: torch.Tensor, *, name: str, n_seen: int,
-                 lr: float, momentum: float = 0.9, max_grad_norm: float | None = None,
-                 max_normalized_lr: float | None = None) -> None:
+                 lr: float, momentum: float = 0.9, max_grad_norm: float | None = None) -> None:
     """Raise a clear FloatingPointError when training diverged (non-finite loss), instead of
     letting a model with NaN weights answer (it would predict one class forever).
 
@@ -93,17 +92,14 @@ def check_finite(loss: torch.Tensor, X: torch.Tensor, *, name: str, n_seen: int,
     the first layer's weights, and heavy-ball SGD is stable only while lr * curvature <
     2 (1 + momentum); so a step on one sample needs roughly lr < 4 (1 + momentum) / ||x||^2
     (standardised 784-d pixels: ||x||^2 ~ 650 median, 2700 at the 99th percentile).
-    ``max_grad_norm``: the learner's gradient clipping, named in the message
-    (``max_normalized_lr``: the interim ``capped_lr`` cap, likewise)."""
+    ``max_grad_norm``: the learner's gradient clipping, named in the message."""
     if not torch.isfinite(loss).all():
         sq = float(X.double().pow(2).sum(1).max()) if X.numel() else 0.0
         bound = (f"; one-sample SGD steps need roughly lr < 4 (1 + momentum) / ||x||^2 = "
                  f"{4 * (1 + momentum) / sq:.2g} for this step's largest ||x||^2 = {sq:.0f}"
                  f" (max |z| = {float(X.abs().max()):.3g})" if sq > 0 else "")
-        caps = {k: v for k, v in (("max_grad_norm", max_grad_norm),
-                                  ("max_normalized_lr", max_normalized_lr)) if v is not None}
-        clip = "".join(f" and {k}={v:g}" for k, v in caps.items())
-        fix = (f"lower lr or {' / '.join(caps)} (--set NAME=VALUE)" if caps
+        clip = "" if max_grad_norm is None else f" and max_grad_norm={max_grad_norm:g}"
+        fix = ("lower lr or max_grad_norm (--set NAME=VALUE)" if max_grad_norm is not None
                else "lower lr (--set lr=...)")
         raise FloatingPointError(
             f"{name}: training diverged at sample {n_seen} (non-finite loss) with lr={lr}"
@@ -127,27 +123,6 @@ def clip_grad_norm_(grads: list[torch.Tensor | None], max_norm: float) -> float:
     return norm
 
 
-# Interim normalised-LMS step cap: ``bayes_head.py`` (being rewritten) imports it. The MLP heads
-# use gradient clipping instead (measured better on the iid streams); once the Bayesian head
-# clips too (``SGD(max_grad_norm=...)`` / ``clip_grad_norm_``), remove these three and
-# ``SGD.step``'s ``lr``.
-MAX_NORMALIZED_LR = 2.0
-
-
-def input_scale(X: torch.Tensor) -> float:
-    """s(X) = mean_i ||x_i||^2 / n for the n rows X (n, d) of a step (||x||^2 for one row)."""
-    n = X.shape[0]
-    return float(X.pow(2).sum()) / (n * n) if n else 0.0
-
-
-def capped_lr(X: torch.Tensor, lr: float, cap: float) -> float:
-    """``min(lr, cap / s(X))`` (normalised LMS); ``cap = inf`` gives ``lr``."""
-    if not math.isfinite(cap):
-        return lr
-    s = input_scale(X)
-    return lr if s * lr <= cap else cap / s
-
-
 class SGD:
     """SGD with momentum and weight decay over a list of tensors that may grow; with a finite
     ``max_grad_norm`` the gradients are first clipped to that joint norm (``clip_grad_norm_``).
@@ -167,10 +142,8 @@ class SGD:
             clip_grad_norm_([p.grad for p in params], self.max_grad_norm)
 
     @torch.no_grad()
-    def step(self, params: list[torch.Tensor], lr: float | None = None) -> None:
-        """One step (``lr``: this step's learning rate if not ``self.lr``)."""
+    def step(self, params: list[torch.Tensor]) -> None:
         self.clip(params)
-        lr = self.lr if lr is None else lr
         for i, p in enumerate(params):
             if p.grad is None:
                 continue
@@ -182,7 +155,7 @@ class SGD:
                 buf = self._fit(buf, p.shape)  # first step: 0 * m + d == d, as torch does
             buf.mul_(self.momentum).add_(d)
             self.buffers[i] = buf
-            p.sub_(buf, alpha=lr)
+            p.sub_(buf, alpha=self.lr)
             p.grad = None
 
     @staticmethod
