@@ -172,16 +172,8 @@ def test_cli_omega_events_flag(tmp_path, capsys):
 def _base_recipe_methods() -> list:
     from ciosl.learners import available_methods
 
-    out = []
-    for name, cls in available_methods().items():
-        if {"base_epochs", "base_batch_size"} <= {s.name for s in cls.settings()}:
-            # CIOSL.protocol_defaults (ciosl.py, being rewritten elsewhere) must merge
-            # Learner.protocol_defaults; strict: remove the mark once it does
-            marks = ([pytest.mark.xfail(strict=True, reason="CIOSL.protocol_defaults does not "
-                                        "merge Learner.protocol_defaults yet")]
-                     if name == "ciosl" else [])
-            out.append(pytest.param(name, marks=marks))
-    return out
+    return [name for name, cls in available_methods().items()
+            if {"base_epochs", "base_batch_size"} <= {s.name for s in cls.settings()}]
 
 
 @pytest.mark.parametrize("method", _base_recipe_methods())
