@@ -244,7 +244,8 @@ def test_vcl_is_ciosl_without_replay_and_distillation():
     for z, c in zip(Z, y, strict=True):
         vcl.learn_one(z, int(c))
         ciosl.learn_one(z, int(c))
-    assert torch.equal(vcl.net.theta, ciosl.net.theta)
+    assert torch.equal(vcl.net.mu, ciosl.net.mu)
+    assert torch.equal(vcl.net.fisher, ciosl.net.fisher)
     assert torch.equal(vcl.net.prior_mu, ciosl.net.prior_mu)
     assert not hasattr(vcl, "memory") and "memory" not in vcl.state_dict()["state"]
 
@@ -277,16 +278,18 @@ def test_vcl_prior_after_a_refresh_is_the_previous_posterior(refresh, expected):
 
 
 def test_coreset_only_prior_is_always_the_initial_prior():
-    learner = CoresetOnly(buffer=15, finetune_epochs=2, prior_sigma=0.7)
+    learner = CoresetOnly(buffer=15, finetune_epochs=2, prior_scale=0.7)
     learner.fit_base(*blobs([0, 1], 20, seed=1))
     Z, y = class_by_class([0, 2, 3], 10, seed=2)
     for z, c in zip(Z, y, strict=True):
         learner.learn_one(z, int(c))
         assert torch.count_nonzero(learner.net.prior_mu) == 0
-        assert torch.equal(learner.net.prior_sigma, torch.full_like(learner.net.prior_sigma, 0.7))
+        assert torch.equal(learner.net.prior_prec, learner.net.prec0)
     head = learner.finetuned_head()  # the fine-tuning's prior too
     assert torch.count_nonzero(head.prior_mu) == 0
-    assert torch.equal(head.prior_sigma, torch.full_like(head.prior_sigma, 0.7))
+    assert torch.equal(head.prior_prec, head.prec0)
+    W1 = head.views(head.prior_sigma)[0]  # N(0, 0.7^2 / fan_in)
+    torch.testing.assert_close(W1, torch.full_like(W1, 0.7 / W1.shape[1] ** 0.5))
     assert "prior_refresh" not in learner.get_params()
     assert not torch.equal(learner.net.mu, torch.zeros_like(learner.net.mu))
 
@@ -330,7 +333,7 @@ def test_vcl_coreset_inference_leaves_the_posterior_alone_but_changes_prediction
             with_coreset.predict_proba(Zt)
             assert _state_equal(with_coreset.state_dict(), before)
     # the streamed posterior is VCL's, bit for bit (the coreset only uses the numpy generator)
-    assert torch.equal(with_coreset.net.theta, plain.net.theta)
+    assert torch.equal(with_coreset.net.mu, plain.net.mu)
     P, P_vcl = with_coreset.predict_proba(Zt), plain.predict_proba(Zt)
     assert np.abs(P - P_vcl).max() > 1e-2
     np.testing.assert_array_equal(untuned.predict_proba(Zt), P_vcl)  # 0 epochs: VCL itself
@@ -353,25 +356,28 @@ def test_finetuned_copy_is_cached_until_the_next_update(monkeypatch):
 
 
 def test_finetuning_kl_weight_is_the_coreset_elbo_with_a_curvature_cap(monkeypatch):
+    """The fine-tuning's KL weight is lambda1 * T / |C| (the coreset's per-item tempered ELBO),
+    capped so that its curvature on a mean, kl_scale * max prior precision, is <= 1 / lr."""
     seen = []
     train = BayesHead._train
 
     def spy(self, X, Y, **kw):
-        seen.append((len(Y), kw["kl_scale"]))
+        seen.append((len(Y), kw.get("kl_scale"), float(self.net.prior_prec.max())))
         return train(self, X, Y, **kw)
 
     monkeypatch.setattr(BayesHead, "_train", spy)
     big = VCLCoreset(buffer=200).fit_base(*blobs([0, 1], 100, seed=1))
     big.predict(blobs([0], 1, seed=2)[0])
-    assert seen[-1] == (200, pytest.approx(1.0 / 200))  # lambda1 / |C|
-    tiny = VCLCoreset(buffer=200)
+    n, kl, prec = seen[-1]
+    assert n == 200 and kl == pytest.approx(big.temperature / 200)  # lambda1 T / |C|
+    assert kl * prec < 1.0 / big.lr  # not capped
+    tiny = VCLCoreset(buffer=200, temperature=1.0, lambda1=3.0)
     Z, y = blobs([0, 1], 2, seed=3)
     for z, c in zip(Z[:3], y[:3], strict=True):  # no base init: 3 items in the coreset
         tiny.learn_one(z, int(c))
     P = tiny.predict_proba(Z)
-    n, kl = seen[-1]
-    s_min = float(tiny.net.sigma().min())  # ~ init_sigma 0.02: the fine-tuning's prior
-    assert n == 3 and kl == pytest.approx(s_min ** 2 / tiny.lr) and kl < 1.0 / 3  # capped
+    n, kl, prec = seen[-1]
+    assert n == 3 and kl == pytest.approx(1.0 / (tiny.lr * prec)) and kl < 3.0 / 3  # capped
     assert np.isfinite(P).all()
 
 

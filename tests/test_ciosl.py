@@ -57,10 +57,11 @@ class Recorder:
         learner._draw_noise, mem.select, mem.sample_uniform = rec_draw, rec_select, rec_uniform
 
 
-def reference_objective(before, mu, rho, x, y, rec):
+def reference_objective(before, mu, x, y, rec):
     """The stated objective, written independently with autograd: mean CE over the new sample
-    and the replayed items + lambda2 * mean squared error over the distilled items' recorded
-    logits + lambda1 / N * KL(q || prior), f from one local-reparameterization draw per row."""
+    and the replayed items + lambda2 * (squared distance over each distilled item's recorded
+    logits, mean over the items) + lambda1 * T / N * KL(q || prior), f from one
+    local-reparameterization draw per row; the scales are the posterior's (not optimized)."""
     mem, net = before.memory, before.net
     X, Y = [torch.from_numpy(x)[None]], [torch.tensor([y])]
     if rec.replay is not None:
@@ -70,8 +71,11 @@ def reference_objective(before, mu, rho, x, y, rec):
         X.append(mem.z[torch.from_numpy(rec.distill)])
     X, Y = torch.cat(X), torch.cat(Y)
     n, n_ce = len(X), len(Y)
+    N = before.n_seen_ + 1
+    net.evidence = N / before.temperature  # what the step uses
+    sigma = net.sigma()
     h = X
-    mus, sigmas = net.views(mu), net.views(F.softplus(rho))
+    mus, sigmas = net.views(mu), net.views(sigma)
     for i in range(net.n_layers):
         mean = h @ mus[2 * i].T + mus[2 * i + 1]
         var = (h ** 2) @ (sigmas[2 * i] ** 2).T + sigmas[2 * i + 1] ** 2
@@ -82,18 +86,18 @@ def reference_objective(before, mu, rho, x, y, rec):
         s = torch.from_numpy(rec.distill)
         H, count = mem.logits[s], mem.n_logits[s]
         mask = torch.arange(H.shape[1])[None, :] < count[:, None]
-        obj = obj + before.lambda2 * (((h[n_ce:] - H) * mask) ** 2).sum() / mask.sum()
-    N = before.n_seen_ + 1
-    kl = kl_diag_gauss(mu, F.softplus(rho), net.prior_mu, net.prior_sigma)
-    return obj + before.lambda1 / N * kl
+        obj = obj + before.lambda2 * (((h[n_ce:] - H) * mask) ** 2).sum() / len(s)
+    kl = kl_diag_gauss(mu, sigma, net.prior_mu, net.prior_sigma)
+    return obj + before.lambda1 * before.temperature / N * kl
 
 
 @pytest.mark.parametrize("settings", [
     {},
     {"lambda1": 0.0, "lambda2": 0.0, "n_replay": 0},  # a plain BNN NLL step
     {"selection": "lapn", "replacement": "lawcbr", "mc_samples": 1},
-    {"prior_refresh": "base", "n_distill": 5, "lambda2": 0.5},
-], ids=["defaults", "plain-nll", "lapn-k1", "base-prior"])
+    {"prior_refresh": "base", "n_distill": 10, "lambda2": 0.5, "temperature": 0.1},
+    {"max_grad_norm": float("inf"), "lambda2": 0.1},
+], ids=["defaults", "plain-nll", "lapn-k1", "base-prior", "unclipped"])
 def test_step_follows_the_gradient_of_the_objective(settings):
     learner = trained(**settings)
     before = copy.deepcopy(learner)
@@ -103,15 +107,72 @@ def test_step_follows_the_gradient_of_the_objective(settings):
     if settings.get("n_replay", 16):
         assert rec.replay is not None and len(rec.replay) == 16
     net = before.net
-    mu, rho = net.mu.clone().requires_grad_(), net.rho.clone().requires_grad_()
-    reference_objective(before, mu, rho, x[0], before._class_index[int(y[0])], rec).backward()
-    theta, g = net.theta, torch.cat([mu.grad, rho.grad])
+    mu = net.mu.clone().requires_grad_()
+    reference_objective(before, mu, x[0], before._class_index[int(y[0])], rec).backward()
+    theta, g = net.mu, mu.grad
+    g = g * min(1.0, before.max_grad_norm / float(g.norm()))  # clipped to max_grad_norm
     d = g + before.weight_decay * theta
     buf = before.opt.buffers[0] * before.momentum + d
     expected = theta - before.lr * buf
-    torch.testing.assert_close(learner.net.theta, expected, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(learner.net.mu, expected, rtol=1e-5, atol=1e-7)
     torch.testing.assert_close(learner.opt.buffers[0], buf, rtol=1e-4, atol=1e-6)
-    assert (learner.net.theta != theta).any()
+    assert (learner.net.mu != theta).any()
+    assert learner.net.fisher_steps == before.net.fisher_steps + 1  # and the scales moved
+    assert not torch.equal(learner.net.sigma(), before.net.sigma())
+
+
+def test_posterior_scales_are_learned_from_the_stream():
+    """Blobs with one constant input column: after base init and a stream, the first-layer
+    scales of the constant input are exactly the prior's, those of the informative inputs
+    have shrunk well below it, and so have the output layer's; the uncertainty scores of the
+    memory differ between items."""
+    def with_constant(Z):
+        return np.concatenate([Z, np.zeros((len(Z), 1), np.float32)], 1)
+
+    learner = CIOSL().fit_base(*[f(a) for f, a in zip((with_constant, np.asarray),
+                                                        blobs([0, 1], 30, seed=1), strict=True)])
+    Z, y = blobs([0, 1, 2], 30, seed=2)
+    for z, label in zip(with_constant(Z), y, strict=True):
+        learner.learn_one(z, label)
+    net = learner.net
+    s, s0 = net.views(net.sigma()), net.views(net.prec0.rsqrt())
+    assert torch.equal(s[0][:, DIM], s0[0][:, DIM])  # constant input: the prior, exactly
+    informative = s[0][:, :DIM] / s0[0][:, :DIM]
+    assert informative.max() <= 1 and informative.median() < 0.5
+    assert (s[-2] / s0[-2]).median() < 0.5  # output layer
+    unc = learner.memory.uncertainty[:len(learner.memory)]
+    assert unc.std() > 0.1 * unc.mean() > 0
+
+
+def test_distillation_weight_relative_to_the_likelihood_does_not_depend_on_the_classes():
+    """Eq. 6 per distilled row: dL/dlogit = 2 lambda2 (f - h) / N2' on every recorded class,
+    so the distillation's pull on a logit is the same with 2 classes and with 20."""
+    ratios = {}
+    for n_classes in (2, 20):
+        rng = np.random.default_rng(0)
+        Zb = rng.normal(size=(4 * n_classes, DIM)).astype(np.float32)
+        yb = np.repeat(np.arange(n_classes), 4)
+        learner = CIOSL(n_replay=0, lambda1=0.0, lambda2=0.5, n_distill=4).fit_base(Zb, yb)
+        seen = {}
+        forward, backward = learner.net.forward_local, learner.net.backward
+
+        def spy_f(*a, _f=forward, _seen=seen, **kw):
+            _seen["logits"] = (out := _f(*a, **kw))[0].clone()
+            return out
+
+        def spy_b(cache, g, grad, _b=backward, _seen=seen):
+            _seen["g"] = g.clone()
+            return _b(cache, g, grad)
+
+        learner.net.forward_local, learner.net.backward = spy_f, spy_b
+        rec = Recorder(learner)
+        learner.learn_one(Zb[0], int(yb[0]))
+        H, _ = learner.memory.distill_targets(rec.distill)
+        diff = seen["logits"][1:5] - H  # (4, C) every logit recorded (same classes)
+        ratios[n_classes] = (seen["g"][1:5] / diff).flatten()
+    for r in ratios.values():
+        torch.testing.assert_close(r, torch.full_like(r, 2 * 0.5 / 4))
+    assert ratios[2].numel() == 8 and ratios[20].numel() == 80
 
 
 def test_kl_trap_step_refresh_makes_lambda1_inert_and_every_does_not():
@@ -126,7 +187,7 @@ def test_kl_trap_step_refresh_makes_lambda1_inert_and_every_does_not():
         learner.load_state_dict({**state, "params": learner.get_params()})
         for z, label in zip(Z, y, strict=True):
             learner.learn_one(z, label)
-        return learner.net.theta
+        return learner.net.mu
 
     assert torch.equal(theta(prior_refresh="step", lambda1=0.0),
                        theta(prior_refresh="step", lambda1=1.0))
@@ -138,9 +199,8 @@ def test_kl_gradient_zero_at_step_refresh_nonzero_otherwise():
         learner = trained(prior_refresh=refresh)
         if refresh == "step":
             learner.net.refresh_prior()  # what the next step does first
-        _, cache = learner.net.forward_local(torch.zeros(1, DIM), learner._draw_noise(1))
-        grad = torch.zeros_like(learner.net.theta)
-        learner.net.finish_grad(cache, grad, kl_scale=1.0)
+        grad = torch.zeros_like(learner.net.mu)
+        learner.net.add_kl_grad(grad, kl_scale=1.0)
         assert (torch.count_nonzero(grad) == 0) == zero, refresh
 
 

@@ -1,39 +1,52 @@
-"""Mean-field Gaussian MLP (Bayes by backprop) with a growable output layer: CIOSL's head F(.).
+"""Mean-field Gaussian MLP with a growable output layer: CIOSL's head F(.), with posterior
+scales inferred from the data's curvature.
 
-Every weight and bias has a mean mu and a scale sigma = softplus(rho). All means and all rhos
-live in ONE flat tensor ``theta = [mu | rho]`` (2P,) and the per-layer tensors are views of it,
-so the per-step elementwise work over the ~400k parameters (softplus, KL gradient, SGD) is a
-handful of kernels over one contiguous buffer. Gradients are written by a hand-written backward
-into a flat buffer of the same layout (no autograd graph in the per-sample step).
+Every weight and bias has a mean mu and a precision pi = 1 / sigma^2. The means are flat
+parameters ``mu`` (P,) trained by the learner's optimizer (SGD in the paper); per-tensor views
+``mu_l`` follow the layout [W1, b1, W2, b2, ...].
+
+The precisions are not gradient parameters. They follow the natural-gradient (Bayesian learning
+rule / VOGN-style) estimate of a mean-field Gaussian posterior, whose fixed point is
+
+    pi = pi_0 + E * Fbar
+
+- ``pi_0`` (P,): the precision of the initial prior N(0, s^2 / fan_in) of each layer
+  (``prior_scale`` s; s = 1 is the variance-preserving scale of He/LeCun init);
+- ``Fbar`` (P,): a running (exponential, bias-corrected) average of the diagonal Fisher of the
+  per-sample likelihood, estimated at every step from the step's labelled rows with one label
+  per row drawn from the model's own predictive (so it is the true Fisher / GGN diagonal of the
+  softmax likelihood, not the empirical Fisher, and does not vanish on well-fit samples);
+- ``E = evidence``: how many samples the posterior accounts for, divided by the temperature
+  (the learner sets it: samples seen / temperature).
+
+So the scale of each weight is learned from the data: a weight fed by an input that is always
+(near) zero gets no curvature and stays at its prior; a weight on an informative input gets
+precision that grows with the data. ``Fbar`` uses per-row squared gradients: for a linear layer
+the per-row gradient of W is outer(g_r, h_r), so sum_r g_r^2 outer h_r^2 is one extra matmul.
 
 Passes:
 
 - ``forward_local``: the local reparameterization trick (Kingma, Salimans & Welling 2015). With
   independent Gaussian weights the pre-activation of a row x is exactly Gaussian, mean
   ``x mu^T + b_mu`` and variance ``x^2 (sigma^2)^T + sigma_b^2``; one draw per row and unit.
-  Each row's output has exactly the distribution it has under a weight sample (rows no longer
-  share a draw, which changes only the covariance between rows), at the price of two matmuls.
-  Optional further rows re-use the layer-1 moments of the first input rows with fresh noise:
-  more independent draws of those rows' outputs at no layer-1 cost (CIOSL's uncertainty).
-- ``backward``: hand-written, into a flat gradient buffer; ``finish_grad`` adds the chain rule
-  through softplus and the closed-form KL gradient.
+  Optional further rows re-use the layer-1 moments of the first input rows with fresh noise
+  (more independent draws of those rows' outputs at no layer-1 cost: CIOSL's uncertainty).
+- ``backward``: hand-written gradient of the means, into a flat (P,) buffer.
+- ``accumulate_fisher``: the Fisher estimate of a step's rows into ``Fbar``.
+- ``add_kl_grad``: the closed-form gradient of KL(q || prior) with respect to the means,
+  ``pi_p (mu - m_p)``: each weight anchored by its own learned precision.
 - ``forward_sampled``: k weight samples shared by all rows, ``(k, n, C)`` (MC predictive).
 - ``forward_mean``: the mean weights.
 
 KL: closed form between diagonal Gaussians, ``sum log(s_p/s_q) + (s_q^2 + (m_q - m_p)^2) /
-(2 s_p^2) - 1/2``, against a prior that is a pair of flat tensors (means, sigmas) refreshed from
-the posterior on demand (``refresh_prior``). Its gradient is written in closed form
-(``finish_grad``); with ``r^2 = s_q^2 / s_p^2`` computed by a division, q == prior gives an
-exactly zero gradient.
+(2 s_p^2) - 1/2``, against a prior that is a pair of flat tensors (means, precisions) refreshed
+from the posterior on demand (``refresh_prior``).
 
-Init (VCL convention): means as ``torch.nn.Linear`` (uniform +-1/sqrt(fan_in)), every scale
-``init_sigma`` (small), prior N(0, prior_sigma^2). Growth: a new output unit's posterior is
-initialised as a fresh layer's would be (Linear-style means, scale ``init_sigma``) and its prior is
-the initial prior N(0, prior_sigma^2) -- our reading of "new units start from the prior": the
-prior term of the new unit is the initial prior; its posterior starts where a freshly built
-layer's posterior starts (a posterior equal to N(0, 1) would make the head useless). Nothing
-already learned moves: old rows of mu, rho, prior and any carried buffer (momentum) are copied
-bit for bit.
+Init: means as ``torch.nn.Linear`` (uniform +-1/sqrt(fan_in)), ``Fbar`` = 0 (the posterior
+scales start at the prior's), prior N(0, s^2 / fan_in). Growth: a new output unit's mean is
+initialised as a fresh layer's would be, its curvature is 0 (so its scale is the prior's) and
+its prior is the initial prior. Nothing already learned moves: old rows of mu, Fbar, the prior
+and any carried buffer (momentum) are copied bit for bit.
 """
 
 from __future__ import annotations
@@ -45,13 +58,6 @@ import torch
 import torch.nn.functional as F
 
 from ciosl.learners.head import HIDDEN, MLP
-
-_MINUS_ONE = torch.tensor(-1.0)
-
-
-def softplus_inv(sigma: float) -> float:
-    """rho with softplus(rho) == sigma."""
-    return sigma + math.log(-math.expm1(-sigma))
 
 
 def kl_diag_gauss(mq: torch.Tensor, sq: torch.Tensor, mp: torch.Tensor,
@@ -66,12 +72,8 @@ def _numel(shape: tuple[int, ...]) -> int:
 
 @dataclass
 class LocalCache:
-    """What ``backward`` and ``finish_grad`` need from ``forward_local`` (first n rows).
-    Scales are kept negated, as computed: -sigma = log1p(-sigmoid(rho))."""
-    neg_s: torch.Tensor  # (P,) -sigma
-    neg_sig: torch.Tensor  # (P,) -sigmoid(rho) = -dsigma/drho
-    var: torch.Tensor  # (P,) sigma^2
-    v: list[torch.Tensor]  # per-tensor views of var
+    """What ``backward`` and ``accumulate_fisher`` need from ``forward_local`` (first n rows)."""
+    v: list[torch.Tensor]  # per-tensor views of sigma^2
     layers: list[tuple[torch.Tensor, ...]] = field(default_factory=list)  # (H, H^2, S, E)
 
 
@@ -79,10 +81,9 @@ class BayesMLP:
     """Gaussian mean-field MLP dim -> hidden... -> n_out (ReLU), flat parameters."""
 
     def __init__(self, dim: int, n_out: int, hidden: tuple[int, ...] = HIDDEN, *,
-                 init_sigma: float = 1e-3, prior_sigma: float = 1.0,
+                 prior_scale: float = 1.0, fisher_decay: float = 0.01,
                  generator: torch.Generator):
-        self.init_sigma, self.prior_sigma0 = float(init_sigma), float(prior_sigma)
-        self.rho0 = softplus_inv(self.init_sigma)
+        self.prior_scale, self.fisher_decay = float(prior_scale), float(fisher_decay)
         sizes = [dim, *hidden, n_out]
         self.shapes: list[tuple[int, ...]] = []
         means: list[torch.Tensor] = []
@@ -90,8 +91,7 @@ class BayesMLP:
             self.shapes += [(fan_out, fan_in), (fan_out,)]
             means += MLP._layer(fan_in, fan_out, generator)
         mu = torch.cat([m.reshape(-1) for m in means])  # (P,)
-        self._set(torch.cat([mu, torch.full_like(mu, self.rho0)]), torch.zeros_like(mu),
-                  torch.full_like(mu, self.prior_sigma0))
+        self._set(mu, torch.zeros_like(mu), 0, 0.0, torch.zeros_like(mu), self._prec0())
 
     # ------------------------------------------------------------------ layout
     @property
@@ -115,44 +115,87 @@ class BayesMLP:
             o += n
         return out
 
-    def _set(self, theta: torch.Tensor, prior_mu: torch.Tensor, prior_sigma: torch.Tensor):
-        P = prior_mu.numel()
-        self.theta = theta  # (2P,) [mu | rho]
-        self.mu, self.rho = theta[:P], theta[P:]  # (P,) views
-        self.mu_l = self.views(self.mu)
-        self.set_prior(prior_mu, prior_sigma)
-        self._scratch = torch.empty(4, P)  # (4, P) -sigma, -sigmoid, sigma^2, tmp of a step
-        self._var_views = self.views(self._scratch[2])
+    def _prec0(self) -> torch.Tensor:
+        """(P,) precision of the initial prior: fan_in / s^2 for every weight and bias of a
+        layer (the variance s^2 / fan_in keeps a pre-activation's prior variance ~ s^2)."""
+        parts = []
+        for i in range(self.n_layers):
+            (fan_out, fan_in), n_b = self.shapes[2 * i], _numel(self.shapes[2 * i + 1])
+            parts.append(torch.full((fan_out * fan_in + n_b,), fan_in / self.prior_scale ** 2))
+        return torch.cat(parts)
+
+    def _set(self, mu: torch.Tensor, fisher: torch.Tensor, fisher_steps: int, evidence: float,
+             prior_mu: torch.Tensor, prior_prec: torch.Tensor) -> None:
+        self.mu = mu  # (P,) the means, the optimizer's parameter
+        self.mu_l = self.views(mu)
+        self.fisher = fisher  # (P,) EMA of the per-sample Fisher diagonal (not bias-corrected)
+        self.fisher_steps = int(fisher_steps)
+        self.evidence = float(evidence)  # samples / temperature the posterior accounts for
+        self.prec0 = self._prec0()  # (P,)
+        self.set_prior(prior_mu, prior_prec)
+        P = mu.numel()
+        self._scratch = torch.empty(2, P)  # (2, P) sigma^2 and a temporary of a step
+        self._var_views = self.views(self._scratch[0])
         self._grad_views: tuple = (None,)
 
-    def set_prior(self, prior_mu: torch.Tensor, prior_sigma: torch.Tensor) -> None:
-        self.prior_mu, self.prior_sigma = prior_mu, prior_sigma  # (P,), (P,)
-        self._prior_var = prior_sigma * prior_sigma  # (P,) cached for the step
+    def set_prior(self, prior_mu: torch.Tensor, prior_prec: torch.Tensor) -> None:
+        self.prior_mu, self.prior_prec = prior_mu, prior_prec  # (P,), (P,)
+
+    @property
+    def prior_sigma(self) -> torch.Tensor:
+        return self.prior_prec.rsqrt()
 
     def refresh_prior(self) -> None:
-        """prior := current posterior (means and sigmas copied)."""
-        self.set_prior(self.mu.detach().clone(), self.sigma())
+        """prior := current posterior (means and precisions copied)."""
+        self.set_prior(self.mu.detach().clone(), self.precision())
+
+    # ------------------------------------------------------------------ the posterior scales
+    def _fisher_weight(self) -> float:
+        """evidence / (1 - (1 - decay)^steps): the bias-corrected EMA, times the evidence."""
+        if not self.fisher_steps:
+            return 0.0
+        return self.evidence / -math.expm1(self.fisher_steps * math.log1p(-self.fisher_decay))
+
+    def precision(self, out: torch.Tensor | None = None) -> torch.Tensor:
+        """(P,) posterior precision pi_0 + evidence * Fbar."""
+        return torch.add(self.prec0, self.fisher, alpha=self._fisher_weight(), out=out)
 
     def sigma(self) -> torch.Tensor:
-        """softplus(rho) (P,), computed as in the step (so a refreshed prior matches it)."""
-        return self._neg_scales(torch.empty(2, self.P))[0].neg_()
+        """(P,) posterior scales 1 / sqrt(precision)."""
+        return self.precision().rsqrt_()
 
-    def _neg_scales(self, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(-softplus(rho), -sigmoid(rho)) written into ``out`` (2, P). While every rho <= 0
-        (sigma < log 2, the normal case) -softplus(rho) = log1p(-sigmoid(rho)) to 1e-6
-        relative: one transcendental pass instead of two, and the signs cost no pass."""
-        neg_s, neg_sig = out
-        torch.sigmoid(self.rho, out=neg_sig).neg_()
-        if self.rho.max() <= 0:
-            torch.log1p(neg_sig, out=neg_s)
-        else:
-            torch.neg(F.softplus(self.rho), out=neg_s)
-        return neg_s, neg_sig
+    def accumulate_fisher(self, cache: LocalCache, G: torch.Tensor) -> None:
+        """Fold a Fisher estimate into ``Fbar``: G (m, C) = softmax - onehot(label drawn from
+        the softmax) for the first m rows of the cache. Per row r and layer, the gradient of W
+        is outer(g_r, h_r), so the mean over rows of its square is (g^2)^T h^2 / m; g goes down
+        the mean network's path (through the ReLUs of this draw)."""
+        m = G.shape[0]
+        if not m:
+            return
+        est = self._scratch[1]  # (P,)
+        e = self.views(est)
+        g = G / math.sqrt(m)  # squares average over the rows
+        for i in reversed(range(self.n_layers)):
+            h, h2 = cache.layers[i][0][:m], cache.layers[i][1][:m]
+            g2 = g * g
+            torch.mm(g2.t(), h2, out=e[2 * i])
+            torch.sum(g2, 0, out=e[2 * i + 1])
+            if i:
+                g = torch.ops.aten.threshold_backward(g.mm(self.mu_l[2 * i]), h, 0.0)
+        self.fisher.mul_(1.0 - self.fisher_decay).add_(est, alpha=self.fisher_decay)
+        self.fisher_steps += 1
 
     # ------------------------------------------------------------------ KL
     def kl(self) -> torch.Tensor:
         """KL(q || prior), a scalar."""
         return kl_diag_gauss(self.mu, self.sigma(), self.prior_mu, self.prior_sigma)
+
+    def add_kl_grad(self, grad: torch.Tensor, kl_scale: float) -> None:
+        """grad += kl_scale * dKL(q || prior)/dmu = kl_scale * pi_p (mu - m_p). Exactly 0 when
+        the prior means are the current means (the trap of a prior refreshed every step)."""
+        if kl_scale:
+            d = torch.sub(self.mu, self.prior_mu, out=self._scratch[1])
+            grad.addcmul_(d, self.prior_prec, value=kl_scale)
 
     # ------------------------------------------------------------------ forward passes
     def forward_mean(self, X: torch.Tensor) -> torch.Tensor:
@@ -189,10 +232,9 @@ class BayesMLP:
         (R, C) and the cache for ``backward`` (rows :n), valid until the next call (it uses
         the net's scratch buffers)."""
         n, (m, j) = X.shape[0], draws
-        neg_s, neg_sig = self._neg_scales(self._scratch[:2])  # (P,), (P,)
-        var = torch.mul(neg_s, neg_s, out=self._scratch[2])  # (P,) sigma^2
+        self.precision(out=self._scratch[0]).reciprocal_()  # (P,) sigma^2
         v = self._var_views
-        cache = LocalCache(neg_s, neg_sig, var, v)
+        cache = LocalCache(v)
         h = X
         for i in range(self.n_layers):
             h2 = h * h
@@ -210,48 +252,29 @@ class BayesMLP:
         return h, cache
 
     def backward(self, cache: LocalCache, g: torch.Tensor, grad: torch.Tensor) -> None:
-        """Write dL/dmu into grad[:P] and 2 dL/d(sigma^2) = (dL/dsigma) / sigma into grad[P:],
-        given g = dL/dlogits (n, C) of the rows of ``forward_local``'s cache."""
+        """Write dL/dmu into grad (P,), given g = dL/dlogits (n, C) of the rows of
+        ``forward_local``'s cache (the local draw A = M + S E depends on h through M and S)."""
         if self._grad_views[0] is not grad:  # views of the last buffer seen, reused
-            self._grad_views = (grad, self.views(grad[:self.P]), self.views(grad[self.P:]))
-        _, gm, gv = self._grad_views
+            self._grad_views = (grad, self.views(grad))
+        _, gm = self._grad_views
         for i in reversed(range(self.n_layers)):
             h, h2, S, E = cache.layers[i]
-            gV = torch.mul(g, E).div_(S)  # (n, out) 2 dL/dvar, as dA/dvar = E / (2 S)
             torch.mm(g.t(), h, out=gm[2 * i])
             torch.sum(g, 0, out=gm[2 * i + 1])
-            torch.mm(gV.t(), h2, out=gv[2 * i])
-            torch.sum(gV, 0, out=gv[2 * i + 1])
-            if i:  # dL/dh = g W_mu + 2 h (dL/dvar W_var), through the ReLU
+            if i:  # dL/dh = g W_mu + h (g E / S) W_var, through the ReLU
+                gV = torch.mul(g, E).div_(S)  # (n, out)
                 g = torch.addcmul(g.mm(self.mu_l[2 * i]), gV.mm(cache.v[2 * i]), h)
                 g = torch.ops.aten.threshold_backward(g, h, 0.0)  # 0 where h <= 0
-
-    def finish_grad(self, cache: LocalCache, grad: torch.Tensor, kl_scale: float) -> None:
-        """Turn ``backward``'s [dL/dmu | (dL/dsigma) / sigma] into [dL/dmu | dL/drho] and add
-        the gradient of ``kl_scale * KL(q || prior)``:
-        dKL/dmu = (mu - m_p) / s_p^2, dKL/dsigma = (r^2 - 1) / sigma with r^2 = sigma^2 / s_p^2
-        (a division, so that q == prior gives exactly r^2 = 1 and a zero gradient).
-        Six passes over (P,); the signs of the cached -sigma, -sigmoid cancel."""
-        P = self.P
-        gmu, grho = grad[:P], grad[P:]
-        grho.mul_(cache.neg_s)  # -dL/dsigma
-        if kl_scale:
-            tmp = self._scratch[3]
-            gmu.addcdiv_(torch.sub(self.mu, self.prior_mu, out=tmp), self._prior_var,
-                         value=kl_scale)
-            q = torch.addcdiv(_MINUS_ONE, cache.var, self._prior_var, out=tmp)  # r^2 - 1
-            grho.addcdiv_(q, cache.neg_s, value=kl_scale)  # -(dL + c dKL)/dsigma
-        grho.mul_(cache.neg_sig)  # * dsigma/drho
 
     # ------------------------------------------------------------------ growth and state
     def grow(self, n_new: int, generator: torch.Generator,
              carry: tuple[torch.Tensor | None, ...] = ()) -> list[torch.Tensor | None]:
-        """Add ``n_new`` output units. ``carry``: other (2P,) tensors in theta's layout
-        (momentum buffers) to grow with zeros. Returns them grown."""
+        """Add ``n_new`` output units. ``carry``: other (P,) tensors in mu's layout (momentum
+        buffers) to grow with zeros. Returns them grown."""
         old = list(self.shapes)
         fan_in = self.shapes[-2][1]
         Wn, bn = MLP._layer(fan_in, n_new, generator)  # Linear-style means of the new units
-        P, n_out = self.P, self.n_out + n_new
+        n_out = self.n_out + n_new
         self.shapes[-2:] = [(n_out, fan_in), (n_out,)]
 
         def grown(flat: torch.Tensor, W: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -262,23 +285,23 @@ class BayesMLP:
         def full(v: float) -> tuple[torch.Tensor, torch.Tensor]:
             return torch.full((n_new, fan_in), v), torch.full((n_new,), v)
 
-        def grown2(flat: torch.Tensor, mu_new, rho_new) -> torch.Tensor:
-            return torch.cat([grown(flat[:P], *mu_new), grown(flat[P:], *rho_new)])
-
         zeros = full(0.0)
-        out = [None if c is None else grown2(c, zeros, zeros) for c in carry]
-        theta = grown2(self.theta.detach(), (Wn, bn), full(self.rho0))
-        self._set(theta, grown(self.prior_mu, *zeros),
-                  grown(self.prior_sigma, *full(self.prior_sigma0)))
+        out = [None if c is None else grown(c, *zeros) for c in carry]
+        self._set(grown(self.mu.detach(), Wn, bn), grown(self.fisher, *zeros),
+                  self.fisher_steps, self.evidence, grown(self.prior_mu, *zeros),
+                  grown(self.prior_prec, *full(fan_in / self.prior_scale ** 2)))
         return out
 
     def state(self) -> dict[str, torch.Tensor]:
-        return {"theta": self.theta.detach().clone(), "prior_mu": self.prior_mu.clone(),
-                "prior_sigma": self.prior_sigma.clone()}
+        return {"mu": self.mu.detach().clone(), "fisher": self.fisher.clone(),
+                "fisher_steps": torch.tensor(self.fisher_steps),
+                "evidence": torch.tensor(self.evidence, dtype=torch.float64),
+                "prior_mu": self.prior_mu.clone(), "prior_prec": self.prior_prec.clone()}
 
     def load(self, state: dict[str, torch.Tensor]) -> None:
-        if state["theta"].shape != self.theta.shape:
-            raise ValueError(f"BNN state of {state['theta'].numel() // 2} parameters given to a "
+        if state["mu"].shape != self.mu.shape:
+            raise ValueError(f"BNN state of {state['mu'].numel()} parameters given to a "
                              f"network of {self.P}")
-        self._set(state["theta"].clone(), state["prior_mu"].clone(),
-                  state["prior_sigma"].clone())
+        self._set(state["mu"].clone(), state["fisher"].clone(), int(state["fisher_steps"]),
+                  float(state["evidence"]), state["prior_mu"].clone(),
+                  state["prior_prec"].clone())

@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from ciosl.learners.base import register
-from ciosl.learners.ciosl import BayesHead
+from ciosl.learners.bayes_head import BAYES_MAX_GRAD_NORM, BayesHead
 from ciosl.learners.vcl_coreset import VCLCoreset
 
 
@@ -37,13 +37,14 @@ class CoresetOnly(VCLCoreset):
     choices = {k: v for k, v in VCLCoreset.choices.items() if k != "prior_refresh"}
     help = {k: v for k, v in VCLCoreset.help.items()
             if k not in ("prior_refresh", "refresh_every")}
-    help["lambda1"] = "weight of KL(q || N(0, prior_sigma^2)) / N (N = samples seen)"
+    help["lambda1"] = "weight of KL(q || initial prior) in the tempered ELBO (T / N per sample)"
     conformance_settings: ClassVar[list[dict]] = [{"buffer": 12, "finetune_epochs": 3}]
 
     def __init__(self, *, buffer: int = 1000, replacement: str = "reservoir",
                  finetune_epochs: int = 10, finetune_batch_size: int = 16,
                  lambda1: float = 1.0, prediction: str = "mean", mc_samples: int = 5,
-                 init_sigma: float = 0.02, prior_sigma: float = 1.0, lr: float = 0.01,
+                 temperature: float = 1e-4, prior_scale: float = 1.0, lr: float = 0.01,
+                 max_grad_norm: float = BAYES_MAX_GRAD_NORM,
                  momentum: float = 0.9, weight_decay: float = 1e-5, base_epochs: int = 10,
                  base_batch_size: int = 16, seed: int = 0):
         # vcl_coreset's constructor would store prior_refresh and refresh_every as settings
@@ -54,9 +55,10 @@ class CoresetOnly(VCLCoreset):
         self.lambda1 = lambda1
         self.prediction = prediction
         self.mc_samples = mc_samples
-        self.init_sigma = init_sigma
-        self.prior_sigma = prior_sigma
+        self.temperature = temperature
+        self.prior_scale = prior_scale
         self.lr = lr
+        self.max_grad_norm = max_grad_norm
         self.momentum = momentum
         self.weight_decay = weight_decay
         self.base_epochs = base_epochs

@@ -9,7 +9,7 @@ incoming sample (z, y), ONE SGD step (lr 0.01, momentum 0.9, weight decay 1e-5) 
 
 with one local-reparameterization draw, N = samples seen so far (base init included). No replay
 and no distillation: this is CIOSL's objective with lambda2 = 0 and N1' = N2' = 0, and it runs
-on CIOSL's own machinery (``ciosl.BayesHead``: the same step, optimizer, init, growth, base
+on CIOSL's own machinery (``bayes_head.BayesHead``: the same step, optimizer, init, growth, base
 training and prediction), so the two differ only in what VCL leaves out.
 
 Design choices:
@@ -21,7 +21,7 @@ Design choices:
   label arrives) is the closest reading of VCL's task boundaries on class orderings, but leaves
   the head anchored to the base posterior on the iid and instance orderings; ``"step"`` makes
   the KL inert (the trap of DESIGN.md); ``"base"`` anchors to the base posterior forever.
-- After ``fit_base`` (``base_epochs`` epochs, KL to the initial prior N(0, prior_sigma^2)) the
+- After ``fit_base`` (``base_epochs`` epochs, KL to the initial prior N(0, s^2 / fan_in)) the
   prior is the base posterior.
 - A new class's output unit starts as a freshly built layer's would, with the initial prior
   (``bnn.py``); nothing learned moves.
@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from ciosl.learners.base import register
-from ciosl.learners.ciosl import CIOSL, REFRESHES, BayesHead
+from ciosl.learners.bayes_head import BAYES_HELP, BAYES_MAX_GRAD_NORM, REFRESHES, BayesHead
 
 
 @register
@@ -45,9 +45,7 @@ class VCL(BayesHead):
     name = "vcl"
     description = "Bayesian MLP head, KL to the previous posterior as prior; no replay"
     choices = {"prior_refresh": REFRESHES, "prediction": ("mean", "mc")}
-    help = {k: CIOSL.help[k] for k in (
-        "lambda1", "mc_samples", "prior_refresh", "refresh_every", "prediction", "init_sigma",
-        "prior_sigma", "lr", "momentum", "weight_decay", "base_epochs", "base_batch_size")}
+    help = dict(BAYES_HELP)
     help["mc_samples"] = "k: weight draws averaged by prediction=mc"
     help["seed"] = "seed of the init, the noise draws and the base shuffling"
     conformance_settings: ClassVar[list[dict]] = [
@@ -57,7 +55,8 @@ class VCL(BayesHead):
 
     def __init__(self, *, lambda1: float = 1.0, prior_refresh: str = "every",
                  refresh_every: int = 500, prediction: str = "mean", mc_samples: int = 5,
-                 init_sigma: float = 0.02, prior_sigma: float = 1.0, lr: float = 0.01,
+                 temperature: float = 1e-4, prior_scale: float = 1.0, lr: float = 0.01,
+                 max_grad_norm: float = BAYES_MAX_GRAD_NORM,
                  momentum: float = 0.9, weight_decay: float = 1e-5, base_epochs: int = 10,
                  base_batch_size: int = 16, seed: int = 0):
         self.lambda1 = lambda1
@@ -65,9 +64,10 @@ class VCL(BayesHead):
         self.refresh_every = refresh_every
         self.prediction = prediction
         self.mc_samples = mc_samples
-        self.init_sigma = init_sigma
-        self.prior_sigma = prior_sigma
+        self.temperature = temperature
+        self.prior_scale = prior_scale
         self.lr = lr
+        self.max_grad_norm = max_grad_norm
         self.momentum = momentum
         self.weight_decay = weight_decay
         self.base_epochs = base_epochs
@@ -82,10 +82,10 @@ class VCL(BayesHead):
         self._refresh_if_due(len(yi))
         self._step(torch.from_numpy(np.ascontiguousarray(Z)),  # (b, d)
                    torch.from_numpy(np.asarray(yi, np.int64)),  # (b,)
-                   kl_scale=self._kl_scale(self.n_seen_ + len(yi)))
+                   n_data=self.n_seen_ + len(yi))
 
     def _fit_base(self, Z: np.ndarray, yi: np.ndarray) -> None:
         X = torch.from_numpy(np.ascontiguousarray(Z))  # (n, d)
         self._train(X, torch.from_numpy(yi), epochs=self.base_epochs,
-                    batch_size=self.base_batch_size, kl_scale=self._kl_scale(self.n_seen_ + len(X)))
+                    batch_size=self.base_batch_size, n_data=self.n_seen_ + len(X))
         self._base_done()

@@ -52,6 +52,7 @@ import numpy as np
 import torch
 
 from ciosl.learners.base import register
+from ciosl.learners.bayes_head import BAYES_MAX_GRAD_NORM
 from ciosl.learners.bnn import BayesMLP
 from ciosl.learners.memory import ReplayMemory
 from ciosl.learners.vcl import VCL
@@ -84,8 +85,9 @@ class VCLCoreset(VCL):
     def __init__(self, *, buffer: int = 1000, replacement: str = "reservoir",
                  finetune_epochs: int = 10, finetune_batch_size: int = 16,
                  lambda1: float = 1.0, prior_refresh: str = "every", refresh_every: int = 500,
-                 prediction: str = "mean", mc_samples: int = 5, init_sigma: float = 0.02,
-                 prior_sigma: float = 1.0, lr: float = 0.01, momentum: float = 0.9,
+                 prediction: str = "mean", mc_samples: int = 5, temperature: float = 1e-4,
+                 prior_scale: float = 1.0, lr: float = 0.01,
+                 max_grad_norm: float = BAYES_MAX_GRAD_NORM, momentum: float = 0.9,
                  weight_decay: float = 1e-5, base_epochs: int = 10, base_batch_size: int = 16,
                  seed: int = 0):
         self.buffer = buffer
@@ -94,9 +96,10 @@ class VCLCoreset(VCL):
         self.finetune_batch_size = finetune_batch_size
         super().__init__(lambda1=lambda1, prior_refresh=prior_refresh,
                          refresh_every=refresh_every, prediction=prediction,
-                         mc_samples=mc_samples, init_sigma=init_sigma, prior_sigma=prior_sigma,
-                         lr=lr, momentum=momentum, weight_decay=weight_decay,
-                         base_epochs=base_epochs, base_batch_size=base_batch_size, seed=seed)
+                         mc_samples=mc_samples, temperature=temperature, prior_scale=prior_scale,
+                         lr=lr, max_grad_norm=max_grad_norm, momentum=momentum,
+                         weight_decay=weight_decay, base_epochs=base_epochs,
+                         base_batch_size=base_batch_size, seed=seed)
 
     def _conditions(self) -> list[tuple[str, bool, str]]:
         return [*super()._conditions(), ("buffer", self.buffer >= 1, ">= 1"),
@@ -152,13 +155,13 @@ class VCLCoreset(VCL):
         if self.prior_refresh != "never":
             twin.net.refresh_prior()  # VCL: the prior of the fine-tuning is q~_t itself
         twin.opt = self._new_opt(twin.net)
-        twin._grad = torch.zeros_like(twin.net.theta)
+        twin._grad = torch.zeros_like(twin.net.mu)
         twin.torch_rng = torch.Generator().manual_seed(int(self.seed) * 1_000_003 + self.n_seen_)
         Zm, ym = self.memory.batch(np.arange(len(self.memory)))  # (m, d), (m,)
         kl_scale = min(self._kl_scale(len(ym)),
-                       float(twin.net.prior_sigma.min()) ** 2 / self.lr)  # curvature <= 1/lr
+                       1.0 / (self.lr * float(twin.net.prior_prec.max())))  # curvature <= 1/lr
         twin._train(Zm, ym, epochs=self.finetune_epochs, batch_size=self.finetune_batch_size,
-                    kl_scale=kl_scale)
+                    n_data=self.n_seen_, kl_scale=kl_scale)
         return twin.net
 
     def _predict_proba(self, Z: np.ndarray) -> np.ndarray:
