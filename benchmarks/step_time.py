@@ -6,10 +6,12 @@ this measures in one process:
 - step: the median wall time of one ``learn_one`` (single thread, after a warm-up);
 - arithmetic: the median time of the step's dense matrix products run back to back with
   torch on the same shapes: the local-reparameterization forward of the head on the
-  1 + N1' + N2' rows (a mean and a variance product per layer), its backward (the weight
-  gradients of both products per layer and the input gradients of layers 2..L), and the
-  uncertainty passes (the k - 1 further draws of the 1 + N1' scored rows through layers 2..L;
-  layer 1's moments are shared with the training pass).
+  1 + N1' + N2' rows (a mean and a variance product per layer), its backward (the means'
+  weight gradient per layer and the input gradients of layers 2..L, through the mean and the
+  variance paths), the Fisher estimate on the 1 + N1' labelled rows (a squared-gradient
+  product per layer and the propagation through layers 2..L), and the uncertainty passes (the
+  k - 1 further draws of the 1 + N1' scored rows through layers 2..L; layer 1's moments are
+  shared with the training pass).
 
 and prints both, then ``step/arithmetic ratio: X`` for the 1280-d case as the last line.
 Run: ``python benchmarks/step_time.py`` (``--breakdown``: the median time of each phase of
@@ -87,7 +89,7 @@ def step_time(d: int, mode: str = "time") -> float:
         return float("nan")
     if mode == "breakdown":
         times: dict[str, list[float]] = {}
-        for name in ("forward_local", "backward", "finish_grad"):
+        for name in ("forward_local", "backward", "accumulate_fisher", "add_kl_grad"):
             timed(learner.net, name, times, f"step: {name}")
         timed(learner.opt, "step", times, "step: SGD")
         timed(learner, "_draw_noise", times, "step: noise")
@@ -120,12 +122,16 @@ def arithmetic_time(d: int, n_replay: int = 16, n_distill: int = 16, k: int = 5)
             torch.addmm(lay["b"], lay["H"], lay["W"].t())
             torch.addmm(lay["b"], lay["H2"], lay["V"].t())
         for i, lay in enumerate(reversed(layers)):  # backward on the n training rows
-            G, H, H2 = lay["G"], lay["H"][:n], lay["H2"][:n]
-            torch.mm(G.t(), H)
-            torch.mm(G.t(), H2)
-            if i < len(layers) - 1:
+            G, H = lay["G"], lay["H"][:n]
+            torch.mm(G.t(), H)  # the means' gradient
+            if i < len(layers) - 1:  # input gradient through the mean and the variance paths
                 G.mm(lay["W"])
                 G.mm(lay["V"])
+        for i, lay in enumerate(reversed(layers)):  # Fisher on the n_scored labelled rows
+            G, H2 = lay["G"][:n_scored], lay["H2"][:n_scored]
+            torch.mm(G.t(), H2)  # squared per-row gradients
+            if i < len(layers) - 1:
+                G.mm(lay["W"])
 
     return median_time(products, 400)
 

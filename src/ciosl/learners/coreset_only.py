@@ -3,7 +3,7 @@
 
 Everything is ``vcl_coreset`` (streaming step, coreset filled online, a copy of the head
 fine-tuned on the coreset before inference, cached until the next update), except that the
-prior is ALWAYS the initial prior N(0, prior_sigma^2): the streaming step's KL, the base
+prior is ALWAYS the initial prior N(0, s^2 / fan_in): the streaming step's KL, the base
 training's and the fine-tuning's all pull towards it, and the posterior never becomes a prior
 (no ``prior_refresh`` / ``refresh_every`` settings; internally ``prior_refresh = "never"``).
 Whatever the head retains of the past comes from plain sequential training and from the
@@ -12,7 +12,7 @@ coreset fine-tuning. Fine-tuning before inference breaks the single-pass rule
 
 Design choices: as ``vcl_coreset`` (reservoir coreset by default, fine-tuning from the streamed
 posterior for ``finetune_epochs`` epochs with KL weight lambda1 / |C|, whose curvature cap
-1 / lr never binds here: the initial prior's precision 1 / prior_sigma^2 is small). The
+1 / lr never binds here: the initial prior's precision fan_in / s^2 is small). The
 fine-tuning starts from the streamed posterior, not from scratch, so the two methods differ in
 the prior only.
 """
