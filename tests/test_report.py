@@ -22,6 +22,8 @@ from ciosl.report.results import load_entries
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CLIP = " (max_grad_norm=1.0)"  # the MLP heads' gradient clipping: not the paper's plain SGD
+# the Bayesian head's departures from the paper: clipping and a cold posterior (T = 1e-4)
+CIOSL = "CIOSL (ours) (max_grad_norm=3.0, temperature=0.0001)"
 DRIVER = shutil.which("chromedriver")
 
 
@@ -116,15 +118,16 @@ def test_main_table_bolds_the_best_single_pass_method_and_marks_violations(html_
     assert table.header() == ["Method", "iid · digits ≤10/class", "class-iid · digits ≤10/class"]
     got = rows(table)
     # defaults that are not the paper's are part of the row's name (gradient clipping)
-    assert list(got) == [f"Fine-Tune{CLIP}", "GDumb †", f"TinyER{CLIP}", "NCM", "CIOSL (ours)",
+    assert list(got) == [f"Fine-Tune{CLIP}", "GDumb †", f"TinyER{CLIP}", "NCM", CIOSL,
                          "Offline accuracy (Offline-hat)"]
     assert got["GDumb †"] == ["–", "0.9700 ± 0.0100"]
-    assert got["CIOSL (ours)"] == ["0.9000 ± 0.0100", "0.9500 ± 0.0100"]
+    assert got[CIOSL] == ["0.9000 ± 0.0100", "0.9500 ± 0.0100"]
     # GDumb is higher on class-iid but retrains before inference: CIOSL gets the bold
     assert bold_cells(table) == {(f"TinyER{CLIP}", "iid · digits ≤10/class"),
-                                 ("CIOSL (ours)", "class-iid · digits ≤10/class")}
+                                 (CIOSL, "class-iid · digits ≤10/class")}
     assert any("†" in n and "single-pass" in n for n in table.notes)
-    assert any(n.startswith("(max_grad_norm=...): a default of this implementation that is "
+    assert any(n.startswith("(max_grad_norm, temperature=...): a default of this "
+                            "implementation that is "
                             "not the paper's") for n in table.notes)
     assert float(got["Offline accuracy (Offline-hat)"][1]) > 0.5
 
@@ -146,7 +149,7 @@ def test_settings_a_sweep_grid_fixes_stay_in_the_main_table_with_a_label(templat
     report = write_report(tmp_path, fmt="md")
     main = report.tables[0]
     assert main.kind == "main"
-    assert list(rows(main)) == ["Fine-Tune (lr=0.001, max_grad_norm=1.0)", "CIOSL (ours)",
+    assert list(rows(main)) == ["Fine-Tune (lr=0.001, max_grad_norm=1.0)", CIOSL,
                                 "Offline accuracy (Offline-hat)"]
     assert rows(main)["Fine-Tune (lr=0.001, max_grad_norm=1.0)"] == ["0.4500 ± 0.0100"]
     assert any("[settings.METHOD]" in n for n in main.notes)
@@ -161,7 +164,8 @@ def test_settings_a_sweep_grid_fixes_stay_in_the_main_table_with_a_label(templat
         swept(fake(template, folder, "vcl", "class_iid", omega, regime=regime, lr=0.001),
               "default", {"lr": "0.001"})
     regimes = [t for t in write_report(folder, fmt="md").tables if t.kind == "regimes"][0]
-    assert rows(regimes) == {"VCL (lr=0.001)": ["0.7000 ± 0.0100", "0.6000 ± 0.0100"]}
+    assert rows(regimes) == {"VCL (lr=0.001, max_grad_norm=3.0, temperature=0.0001)":
+                             ["0.7000 ± 0.0100", "0.6000 ± 0.0100"]}
 
 
 def test_old_results_get_the_same_omega_all_definition_as_new_ones(template, tmp_path, capsys):
@@ -220,14 +224,14 @@ def test_final_accuracy_and_cost_tables_follow_the_main_table(html_report, templ
     assert final.header() == main.header()
     offline_last = [r["accuracy_offline"][-1] for r in template["runs"]]
     expected = sum(min(1.0, a * 0.95) for a in offline_last) / len(offline_last)
-    assert rows(final)["CIOSL (ours)"][1] == f"{100 * expected:.2f} ± 0.00"
+    assert rows(final)[CIOSL][1] == f"{100 * expected:.2f} ± 0.00"
     assert rows(final)["Offline learner"][1] == f"{100 * sum(offline_last) / 2:.2f}"
     # GDumb (0.97 x offline) is higher but violates single pass: CIOSL's 0.95 gets the bold
-    assert ("CIOSL (ours)", "class-iid · digits ≤10/class") in bold_cells(final)
+    assert (CIOSL, "class-iid · digits ≤10/class") in bold_cells(final)
 
     assert cost.columns == [("digits ≤10/class", "samples/s"), ("digits ≤10/class", "state MiB")]
     speeds = sorted(r["samples_per_second"] for r in template["runs"]) * 2  # both orderings
-    speed, state = rows(cost)["CIOSL (ours)"]
+    speed, state = rows(cost)[CIOSL]
     assert speed == f"{sorted(speeds)[len(speeds) // 2]:,.0f}"
     assert float(state) == pytest.approx(template["peak_memory_bytes"] / 2 ** 20, abs=0.01)
 
@@ -254,7 +258,7 @@ def test_ablation_tables(html_report):
     assert [lab for _, lab in regimes.columns] == ["batch", "online", "streaming"]
     assert rows(regimes)[f"TinyER{CLIP}"] == ["0.8100 ± 0.0100", "0.7100 ± 0.0100",
                                             "0.9300 ± 0.0100"]
-    assert rows(regimes)["CIOSL (ours)"][1] == "–"
+    assert rows(regimes)[CIOSL][1] == "–"
 
     other = rows(by_kind["other"][0])
     assert other == {"CIOSL (ours) / lambda1=0.5, n_replay=8": ["0.5000 ± 0.0100"]}
@@ -273,7 +277,7 @@ def test_figures_are_png_images(html_report):
 def test_markdown_report_and_cli(results, capsys, tmp_path):
     assert main(["report", str(results)]) == 0
     text = (results / "report.md").read_text()
-    assert "| CIOSL (ours) | 0.9000 ± 0.0100 | **0.9500 ± 0.0100** |" in text
+    assert f"| {CIOSL} | 0.9000 ± 0.0100 | **0.9500 ± 0.0100** |" in text
     assert "| GDumb † | – | 0.9700 ± 0.0100 |" in text
     for link in [line[line.index("](") + 2:-1] for line in text.splitlines()
                  if line.startswith("![")]:

@@ -105,6 +105,16 @@ def _method_rows(table: Table, rows, grid) -> None:
         table.rows.append([label + (f" {DAGGER}" if violates else "")])
 
 
+UNPAPER_WHY = {
+    "max_grad_norm": "each SGD step's gradient clipped to that norm, which keeps one-sample "
+                     "steps at the paper's lr 0.01 from diverging; the paper's plain SGD is "
+                     "max_grad_norm=inf",
+    "temperature": "the Bayesian head's posterior temperature T, a cold posterior whose "
+                   "likelihood counts 1/T times; the paper's ELBO is T=1, which measures "
+                   "below a point estimate here (README, CIOSL's Bayesian head)",
+}
+
+
 def _fixed_note(chosen: list[Entry]) -> list[str]:
     notes = []
     if any(e.fixed for e in chosen):
@@ -112,11 +122,9 @@ def _fixed_note(chosen: list[Entry]) -> list[str]:
                      "[settings.METHOD] table), in place of the method's default.")
     unpaper = sorted({k for e in chosen for k in e.unpaper})
     if unpaper:
+        why = "; ".join(f"{k}: {UNPAPER_WHY[k]}" for k in unpaper if k in UNPAPER_WHY)
         notes.append(f"({', '.join(unpaper)}=...): a default of this implementation that is "
-                     "not the paper's" + (" (max_grad_norm: each SGD step's gradient clipped to "
-                     "that norm, which keeps one-sample steps at the paper's lr 0.01 from "
-                     "diverging; the paper's plain SGD is max_grad_norm=inf)"
-                     if "max_grad_norm" in unpaper else "") + ".")
+                     "not the paper's" + (f" ({why})" if why else "") + ".")
     return notes
 
 
