@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -99,7 +101,10 @@ def test_run_experiment_writes_json_and_refuses_bad_settings(fs, tmp_path):
                          seeds=[0, 1], out_dir=out, cache_dir=tmp_path / "cache",
                          offline_epochs=5)
     res = run_experiment(exp)
-    saved = json.loads((out / "features-feats_class_iid_slda.json").read_text())
+    # features:PATH results carry a hash of the file's path: two feats.npz never collide
+    assert re.fullmatch(r"features-feats-[0-9a-f]{8}_class_iid_slda\.json",
+                        Path(res["path"]).name)
+    saved = json.loads(Path(res["path"]).read_text())
     assert saved["omega_all"] == res["omega_all"]
     assert len(saved["runs"]) == 2
     for run in saved["runs"]:
@@ -138,7 +143,9 @@ def test_base_event_is_stored_but_left_out_of_omega_all_by_default(fs, tmp_path)
     default = run_experiment(ExperimentSpec(**common, out_dir=tmp_path / "a"))
     every = run_experiment(ExperimentSpec(**common, out_dir=tmp_path / "b",
                                           omega_events="all"))
-    saved = json.loads((tmp_path / "a" / "features-feats_class_iid_finetune.json").read_text())
+    # the --set settings name the result file
+    assert Path(default["path"]).name.endswith("_class_iid_finetune_base_epochs-5.json")
+    saved = json.loads(Path(default["path"]).read_text())
     run = saved["runs"][0]
     assert run["events"] == [0, 80, 160] and len(run["accuracy"]) == 3
     assert run["accuracy"] == every["runs"][0]["accuracy"]  # same runs, two averages

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from ciosl.data.orderings import ORDERINGS
+from ciosl.errors import EXPECTED, message
 from ciosl.evaluation.metrics import OMEGA_EVENTS
 
 OMEGA_HELP = ("Omega_all averages acc_t / acc_offline_t over the testing events after base init "
@@ -177,14 +178,19 @@ def main(argv: list[str] | None = None) -> int:
                 data_root=args.data, checkpoint_every=args.checkpoint_every, resume=args.resume,
                 regime=args.regime, batch_size=args.batch_size, epochs=args.epochs,
                 omega_events=args.omega_events)
-            with out.sample_progress(f"{args.method} {args.dataset}/{args.ordering}") as (
-                    on_start, on_progress):
-                result = run_experiment(
-                    exp, on_start=on_start, on_progress=on_progress,
-                    on_run=None if args.quiet else out.print_run, on_resume=out.print_resume)
+            try:
+                with out.sample_progress(f"{args.method} {args.dataset}/{args.ordering}") as (
+                        on_start, on_progress):
+                    result = run_experiment(
+                        exp, on_start=on_start, on_progress=on_progress,
+                        on_run=None if args.quiet else out.print_run, on_resume=out.print_resume)
+            except KeyboardInterrupt:
+                out.err_console.print("interrupted: the finished runs are saved; the same "
+                                      "command with --resume continues")
+                return 130
             out.print_result(result)
-    except (ValueError, FileNotFoundError, RuntimeError, FloatingPointError) as e:
-        out.err_console.print(f"[red]error:[/] {e}")  # diverged training: FloatingPointError
+    except EXPECTED as e:  # diverged training: FloatingPointError
+        out.err_console.print(f"[red]error:[/] {message(e)}", highlight=False, soft_wrap=True)
         return 2
     return 0
 

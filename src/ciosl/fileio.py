@@ -32,6 +32,21 @@ def atomic_write_json(path: str | Path, obj: Any) -> Path:
     return atomic_write_bytes(path, (json.dumps(obj, indent=1, sort_keys=False) + "\n").encode())
 
 
+def check_writable(folder: str | Path, what: str = "--out") -> Path:
+    """Create ``folder`` if needed and check a file can be written in it, before any work (a
+    run that computes for hours and then cannot write its result has lost everything)."""
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".ciosl-write-check.", suffix=".tmp")
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as e:
+        raise ValueError(f"{what} {folder}: cannot write there "
+                         f"({e.strerror or type(e).__name__})") from None
+    return folder
+
+
 def read_json(path: str | Path) -> Any | None:
     """The JSON in ``path``, or None if it is missing or unreadable (then it is rebuilt)."""
     try:

