@@ -121,3 +121,65 @@ def test_two_feature_files_with_one_name_keep_two_results(tmp_path):
     assert all(n.startswith("features-feats-") for n in names)
     assert len(list((tmp_path / "out").glob("*.json"))) == 2
 
+
+# ---------------------------------------------------------------------------- refused up front
+# (id, arguments after `ciosl`, fragment of the one-line error); each is refused before any
+# work: no output folder, no cache entry appears
+
+
+def grid_file(tmp: Path, body: str) -> str:
+    path = tmp / "grid.toml"
+    path.write_text(f'out = "{tmp}/out"\ncache = "{tmp}/cache"\ndatasets = ["digits"]\n'
+                    f'orderings = ["class_iid"]\nlimit_per_class = 12\n{body}\n')
+    return str(path)
+
+
+UP_FRONT_CASES = [
+    ("runs-zero", lambda t: run_args(t, "--runs", "0"), "--runs must be >= 1, got 0"),
+    ("runs-negative", lambda t: run_args(t, "--runs", "-2"), "--runs must be >= 1, got -2"),
+    ("seeds-duplicate", lambda t: run_args(t, "--seeds", "1,1"),
+     "--seeds lists seed 1 more than once"),
+    ("seeds-negative", lambda t: run_args(t, "--seeds", "0,-3"),
+     "--seeds expects integers >= 0, got -3"),
+    ("offline-epochs-zero", lambda t: run_args(t, "--offline-epochs", "0"),
+     "--offline-epochs must be >= 1, got 0"),
+    ("offline-epochs-negative", lambda t: run_args(t, "--offline-epochs", "-2"),
+     "--offline-epochs must be >= 1, got -2"),
+    ("set-lr-nan", lambda t: run_args(t, "--set", "lr=nan", method="finetune"),
+     "setting 'lr' expects a finite number, got lr=nan"),
+    ("set-lr-inf", lambda t: run_args(t, "--set", "lr=inf", method="finetune"),
+     "setting 'lr' expects a finite number, got lr=inf"),
+    ("set-temperature-nan", lambda t: run_args(t, "--set", "temperature=-nan"),
+     "setting 'temperature' expects a finite number"),
+    ("threads-zero", lambda t: run_args(t, "--threads", "0"), "--threads must be >= 1, got 0"),
+    ("grid-lr-nan", lambda t: ["sweep", grid_file(t, 'methods = ["finetune"]\n'
+                                                     '[grid.finetune]\nlr = [0.01, nan]')],
+     "grid.finetune.lr: cell digits_class_iid_finetune_lr-nan: setting 'lr' expects a finite"),
+    ("grid-lr-inf", lambda t: ["sweep", grid_file(t, 'methods = ["finetune"]\n'
+                                                     '[settings.finetune]\nlr = inf')],
+     "settings.finetune.lr: cell digits_class_iid_finetune: setting 'lr' expects a finite"),
+    ("sweep-runs-zero", lambda t: ["sweep", grid_file(t, 'methods = ["ncm"]'), "--runs", "0"],
+     "--runs must be >= 1, got 0"),
+    ("sweep-seeds-duplicate", lambda t: ["sweep", grid_file(t, 'methods = ["ncm"]'),
+                                         "--seeds", "2,0,2"],
+     "--seeds lists seed 2 more than once"),
+]
+
+
+@pytest.mark.parametrize(("argv", "fragment"), [c[1:] for c in UP_FRONT_CASES],
+                         ids=[c[0] for c in UP_FRONT_CASES])
+def test_refused_up_front_with_the_flag_named(argv, fragment, tmp_path, capsys):
+    line = one_line_error(*cli(capsys, argv(tmp_path)))
+    assert fragment in line
+    assert not (tmp_path / "out").exists() and not (tmp_path / "cache").exists()
+
+
+def test_library_refuses_nan_settings_and_repeated_seeds():
+    from ciosl.learners import make_learner
+
+    with pytest.raises(ValueError, match="'lr' expects a finite number, got lr=nan"):
+        make_learner("finetune", lr=float("nan"))
+    make_learner("finetune", max_grad_norm=float("inf"))  # documented: plain SGD
+    with pytest.raises(ValueError, match="seeds lists seed 0 more than once"):
+        experiment.validate(experiment.ExperimentSpec(dataset="digits", ordering="class_iid",
+                                                      method="ncm", seeds=[0, 0]))

@@ -244,7 +244,7 @@ def test_runs_override_reuses_finished_runs_and_rewrites_cell_results(local_swee
         assert result["seeds"] == [0, 1] and comparable(result) == comparable(full)
 
     assert main(["sweep", str(path), "--runs", "0"]) == 2
-    assert "seeds" in capsys.readouterr().err
+    assert "--runs must be >= 1, got 0" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["sweep", str(path), "--runs", "1", "--seeds", "0"])
 

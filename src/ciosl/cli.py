@@ -134,10 +134,11 @@ def main(argv: list[str] | None = None) -> int:
                 cache_dir=f"{args.cache}/features" if args.cache else None,
                 root=args.data, download=args.download, rebuild=args.rebuild))
         elif args.command == "sweep":
+            from ciosl.evaluation.experiment import choose_seeds
             from ciosl.evaluation.grid import load_grid
             from ciosl.evaluation.sweep import plan, run_sweep
 
-            seeds = args.seeds if args.runs is None else list(range(args.runs))
+            seeds = choose_seeds(args.runs, args.seeds, default=None)
             grid = load_grid(args.config, out=args.out, seeds=seeds,
                              omega_events=args.omega_events)
             if args.dry_run:
@@ -160,16 +161,16 @@ def main(argv: list[str] | None = None) -> int:
                                   omega_events=args.omega_events)
             out.print_report(report)
         elif args.command == "run":
-            import torch
-
             from ciosl.evaluation.experiment import (
                 ExperimentSpec,
+                choose_seeds,
                 parse_assignments,
                 run_experiment,
+                set_threads,
             )
 
-            torch.set_num_threads(max(1, args.threads))
-            seeds = args.seeds if args.seeds is not None else list(range(args.runs or 3))
+            set_threads(args.threads)
+            seeds = choose_seeds(args.runs, args.seeds)
             exp = ExperimentSpec(
                 dataset=args.dataset, ordering=args.ordering, method=args.method, seeds=seeds,
                 extractor=args.extractor, weights=args.weights, buffer=args.buffer,

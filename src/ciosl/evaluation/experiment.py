@@ -67,6 +67,43 @@ class ExperimentSpec:
     omega_events: str = "after_base"  # Omega_all over the events after base init, or "all"
 
 
+def check_seeds(seeds: Sequence[int], flag: str = "--seeds") -> list[int]:
+    """Distinct integers >= 0: a repeated seed repeats the same run and fakes a std of 0."""
+    seeds = list(seeds)
+    if not seeds:
+        raise ValueError(f"{flag}: no runs requested")
+    bad = [s for s in seeds if isinstance(s, bool) or not isinstance(s, int | np.integer) or s < 0]
+    if bad:
+        raise ValueError(f"{flag} expects integers >= 0, got {bad[0]!r}")
+    twice = sorted({int(s) for s in seeds if seeds.count(s) > 1})
+    if twice:
+        raise ValueError(f"{flag} lists seed {twice[0]} more than once (a repeated seed repeats "
+                         "the same run and shrinks the std)")
+    return [int(s) for s in seeds]
+
+
+def choose_seeds(runs: int | None, seeds: Sequence[int] | None,
+                 default: int | None = 3) -> list[int] | None:
+    """The seeds of ``--runs N`` (0..N-1) or ``--seeds``, checked; ``default`` runs (or None)
+    when neither is given."""
+    if runs is not None:
+        if runs < 1:
+            raise ValueError(f"--runs must be >= 1, got {runs}")
+        return list(range(runs))
+    if seeds is not None:
+        return check_seeds(seeds)
+    return None if default is None else list(range(default))
+
+
+def set_threads(threads: int) -> None:
+    """``--threads``: torch's intra-op threads (>= 1)."""
+    if threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {threads}")
+    import torch
+
+    torch.set_num_threads(threads)
+
+
 def parse_assignments(items: Sequence[str]) -> dict[str, str]:
     """``["lr=0.1", "selection=uapn"]`` -> dict, with a clear error on a malformed item."""
     out = {}
@@ -178,8 +215,9 @@ def validate(exp: ExperimentSpec) -> tuple[DatasetSpec, type[Learner], dict[str,
         raise ValueError(
             f"unknown extractor {exp.extractor!r}; valid choices: {', '.join(EXTRACTORS)}"
         )
-    if not exp.seeds:
-        raise ValueError("no runs requested")
+    check_seeds(exp.seeds, "seeds")
+    if exp.offline_epochs is not None and exp.offline_epochs < 1:
+        raise ValueError(f"--offline-epochs must be >= 1, got {exp.offline_epochs}")
     if exp.checkpoint_every < 0:
         raise ValueError(f"--checkpoint-every must be >= 0, got {exp.checkpoint_every}")
     if (exp.checkpoint_every or exp.resume) and exp.out_dir is None:
@@ -213,7 +251,8 @@ def load_features(exp: ExperimentSpec, spec: DatasetSpec) -> FeatureSet:
 
 def offline_settings(exp: ExperimentSpec, spec: DatasetSpec) -> OfflineSettings:
     return OfflineSettings(
-        epochs=exp.offline_epochs or spec.offline_epochs, batch_size=spec.offline_batch_size)
+        epochs=spec.offline_epochs if exp.offline_epochs is None else exp.offline_epochs,
+        batch_size=spec.offline_batch_size)
 
 
 def stream_ordering(exp: ExperimentSpec, spec: DatasetSpec, fs: FeatureSet, seed: int) -> Ordering:

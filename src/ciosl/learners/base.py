@@ -22,6 +22,7 @@ import contextlib
 import copy
 import inspect
 import io
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -122,7 +123,22 @@ def parse_value(setting: Setting, text: str) -> Any:
         raise ValueError(
             f"setting {setting.name!r} expects {t.__name__}, got {text!r}"
         ) from None
+    check_finite(setting, value)
     return value
+
+
+def allows_inf(setting: Setting) -> bool:
+    """A setting whose help documents what ``inf`` means (``max_grad_norm``: "inf: plain SGD")."""
+    return "inf:" in setting.help or "inf " in setting.help
+
+
+def check_finite(setting: Setting, value: Any, prefix: str = "") -> None:
+    """Refuse NaN for every number setting, and infinity unless the setting documents it."""
+    if isinstance(value, bool) or not isinstance(value, int | float | np.number):
+        return
+    if math.isnan(value) or (math.isinf(value) and not allows_inf(setting)):
+        raise ValueError(f"{prefix}setting {setting.name!r} expects a finite number, got "
+                         f"{setting.name}={value}")
 
 
 class Learner:
@@ -183,6 +199,7 @@ class Learner:
     def _check_settings(self) -> None:
         for s in self.settings():
             v = getattr(self, s.name)
+            check_finite(s, v, f"{self.name}: ")
             if s.choices is not None and v not in s.choices:
                 raise ValueError(
                     f"{self.name}: {s.name}={v!r} is not valid; valid choices: "
