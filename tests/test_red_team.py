@@ -183,3 +183,161 @@ def test_library_refuses_nan_settings_and_repeated_seeds():
     with pytest.raises(ValueError, match="seeds lists seed 0 more than once"):
         experiment.validate(experiment.ExperimentSpec(dataset="digits", ordering="class_iid",
                                                       method="ncm", seeds=[0, 0]))
+
+
+# ---------------------------------------------------------------------------- damaged files
+# (id, writes the bad file(s) and returns the `ciosl` arguments, fragment); the one line names
+# the file, and nothing is cached from it
+
+
+def fashion_with(tmp: Path, damage) -> list[str]:
+    from test_datasets import write_fashion
+
+    folder = tmp / "fashion"
+    write_fashion(folder, n=20)
+    damage(folder)
+    return ["features", "--dataset", "fashion-mnist", "--data", str(folder), "--extractor",
+            "pixels", "--cache", str(tmp / "cache")]
+
+
+def cifar_with(tmp: Path, damage) -> list[str]:
+    from test_datasets import write_cifar
+
+    folder = tmp / "c" / "cifar-10-batches-py"
+    write_cifar(folder, n=4)
+    damage(folder)
+    return ["features", "--dataset", "cifar10", "--data", str(tmp / "c"), "--extractor",
+            "pixels", "--cache", str(tmp / "cache")]
+
+
+def features_file(tmp: Path, data: bytes) -> list[str]:
+    path = tmp / "feats.npz"
+    path.write_bytes(data)
+    return run_args(tmp, "--dataset", f"features:{path}", "--ordering", "iid")
+
+
+def truncate(path: Path, keep: int) -> None:
+    path.write_bytes(path.read_bytes()[:keep])
+
+
+class Evil:
+    def __reduce__(self):
+        return (exec, ("open('PWNED', 'w').write('ran')",))
+
+
+def npz_bytes(**arrays) -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    return buf.getvalue()
+
+
+def odd_npy_member(header_shape: str) -> bytes:
+    """A .npz whose train_z.npy header declares ``header_shape`` over 16 bytes of data."""
+    import io
+    import zipfile
+
+    header = "{'descr': '<f4', 'fortran_order': False, 'shape': " + header_shape + ", }"
+    header = header.ljust(118) + "\n"
+    npy = b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header.encode() + bytes(16)
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        z.writestr("train_z.npy", npy)
+    return buf.getvalue()
+
+
+FILE_CASES = [
+    ("truncated-gz", lambda t: fashion_with(
+        t, lambda f: truncate(f / "t10k-images-idx3-ubyte.gz", 40)),
+     "t10k-images-idx3-ubyte.gz: corrupt or truncated gzip file"),
+    ("not-gzip", lambda t: fashion_with(
+        t, lambda f: (f / "train-labels-idx1-ubyte.gz").write_bytes(b"plain bytes, no gzip")),
+     "train-labels-idx1-ubyte.gz: corrupt or truncated gzip file (BadGzipFile"),
+    ("cifar-refused-global", lambda t: cifar_with(
+        t, lambda f: (f / "data_batch_2").write_bytes(__import__("pickle").dumps(Evil()))),
+     "data_batch_2: not a readable CIFAR pickle (UnpicklingError: refused to unpickle global "
+     "builtins.exec"),
+    ("cifar-truncated", lambda t: cifar_with(t, lambda f: truncate(f / "test_batch", 100)),
+     "test_batch: not a readable CIFAR pickle (UnpicklingError"),
+    ("npz-random-bytes", lambda t: features_file(t, np.random.default_rng(0).bytes(3000)),
+     "feats.npz: not a readable features .npz: not a zip archive"),
+    ("npz-truncated", lambda t: features_file(t, npz_bytes(train_z=np.ones((50, 3)))[:400]),
+     "feats.npz: not a readable features .npz"),
+    ("npz-declares-1e12-rows", lambda t: features_file(t, odd_npy_member("(1000000000000, 4)")),
+     "array train_z.npy declares shape (1000000000000, 4) of float32 (16000000000000 bytes) "
+     "but holds 16 bytes"),
+    ("npz-zero-width-dtype", lambda t: features_file(
+        t, odd_npy_member("(4,)").replace(b"'<f4'", b"'|V0'")),
+     "feats.npz: not a readable features .npz"),
+]
+
+
+@pytest.mark.parametrize(("setup", "fragment"), [c[1:] for c in FILE_CASES],
+                         ids=[c[0] for c in FILE_CASES])
+def test_damaged_files_get_one_line_naming_the_file(setup, fragment, tmp_path, capsys,
+                                                    monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    line = one_line_error(*cli(capsys, setup(tmp_path)))
+    assert fragment in line
+    assert not (tmp_path / "cache" / "features").exists() or not any(
+        (tmp_path / "cache" / "features").iterdir())
+    assert not (tmp_path / "PWNED").exists()
+
+
+# ---------------------------------------------------------------------------- failures mid-run
+
+
+def fail_with(error: BaseException):
+    def raiser(*a, **kw):
+        raise error
+    return raiser
+
+
+MIDRUN_CASES = [
+    ("memory-error", MemoryError("Unable to allocate 3.5 GiB for an array"),
+     "error: out of memory: Unable to allocate 3.5 GiB for an array; use fewer samples", 2),
+    ("disk-full", OSError(errno.ENOSPC, "No space left on device", "/cache/offline/x.json"),
+     "error: /cache/offline/x.json: No space left on device", 2),
+    ("corrupt-zip-escaping-a-reader", __import__("zipfile").BadZipFile("Bad CRC-32 for file"),
+     "error: BadZipFile: Bad CRC-32 for file", 2),
+    ("unexpected-bug", TypeError("unsupported operand"),
+     "error: internal error (TypeError: unsupported operand): a bug in ciosl", 1),
+]
+
+
+@pytest.mark.parametrize(("error", "fragment", "rc"), [c[1:] for c in MIDRUN_CASES],
+                         ids=[c[0] for c in MIDRUN_CASES])
+def test_errors_mid_run_are_one_line(error, fragment, rc, tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("CIOSL_TRACEBACK", raising=False)
+    monkeypatch.setattr(experiment, "run_seed", fail_with(error))
+    got, err = cli(capsys, run_args(tmp_path))
+    assert "Traceback" not in err and got == rc
+    assert [line for line in err.splitlines() if line.strip()] == [
+        next(line for line in err.splitlines() if line.strip())]
+    assert fragment in err
+    assert not list((tmp_path / "out").glob("*.json"))
+
+
+def test_ctrl_c_says_how_to_resume_and_loses_no_finished_run(tmp_path, capsys, monkeypatch):
+    real_run_seed, calls = experiment.run_seed, []
+
+    def interrupted_second(*a, **kw):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real_run_seed(*a, **kw)
+
+    monkeypatch.setattr(experiment, "run_seed", interrupted_second)
+    rc, err = cli(capsys, run_args(tmp_path, "--runs", "2"))
+    assert rc == 130 and "Traceback" not in err
+    assert err.strip() == ("interrupted: the finished runs are saved; the same command with "
+                           "--resume continues")
+    assert main(run_args(tmp_path, "--runs", "2", "--resume")) == 0
+    assert len(calls) == 3  # seed 0 came from the checkpoint
+
+
+def test_a_diverging_lr_is_one_line(tmp_path, capsys):
+    line = one_line_error(*cli(capsys, run_args(tmp_path, "--set", "lr=100", "--set",
+                                                "max_grad_norm=inf", method="finetune")))
+    assert line.startswith("error: finetune: training diverged")

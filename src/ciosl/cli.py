@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from ciosl.data.orderings import ORDERINGS
-from ciosl.errors import EXPECTED, message
+from ciosl.errors import EXPECTED, INTERRUPTED_RUN, message, show_traceback
 from ciosl.evaluation.metrics import OMEGA_EVENTS
 
 OMEGA_HELP = ("Omega_all averages acc_t / acc_offline_t over the testing events after base init "
@@ -186,13 +186,20 @@ def main(argv: list[str] | None = None) -> int:
                         exp, on_start=on_start, on_progress=on_progress,
                         on_run=None if args.quiet else out.print_run, on_resume=out.print_resume)
             except KeyboardInterrupt:
-                out.err_console.print("interrupted: the finished runs are saved; the same "
-                                      "command with --resume continues")
+                out.print_error(INTERRUPTED_RUN, prefix="")
                 return 130
             out.print_result(result)
+    except KeyboardInterrupt:
+        out.print_error("interrupted", prefix="")
+        return 130
     except EXPECTED as e:  # diverged training: FloatingPointError
-        out.err_console.print(f"[red]error:[/] {message(e)}", highlight=False, soft_wrap=True)
+        out.print_error(message(e))
         return 2
+    except Exception as e:  # a bug: one line unless CIOSL_TRACEBACK=1
+        if show_traceback():
+            raise
+        out.print_error(message(e))
+        return 1
     return 0
 
 

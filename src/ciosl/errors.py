@@ -1,16 +1,48 @@
 """One line for every error a command can end with (``cli`` prints it): the file, flag or value
-it concerns, never a traceback."""
+it concerns, never a traceback.
+
+The library raises ``ValueError`` (bad input, damaged files: the message names them),
+``FileNotFoundError`` / ``OSError`` (the file system), ``RuntimeError`` and
+``FloatingPointError`` (training diverged); data readers turn format errors (a truncated gzip, a
+damaged zip or pickle) into ``ValueError`` naming the file. ``EXPECTED`` also lists the raw
+format errors, as a safety net for a reader that lets one through. Anything else is a bug in
+ciosl: one line too, asking for a report; ``CIOSL_TRACEBACK=1`` shows the traceback.
+"""
 
 from __future__ import annotations
 
-# errors the CLI turns into one line and exit status 2; anything else is a bug in ciosl
-EXPECTED: tuple[type[BaseException], ...] = (ValueError, RuntimeError, OSError,
-                                             FloatingPointError)
+import os
+import pickle
+import zipfile
+
+EXPECTED: tuple[type[BaseException], ...] = (
+    ValueError, RuntimeError, OSError, FloatingPointError, MemoryError, EOFError,
+    pickle.UnpicklingError, zipfile.BadZipFile)
+
+INTERRUPTED_RUN = ("interrupted: the finished runs are saved; the same command with --resume "
+                   "continues")
+
+
+def show_traceback() -> bool:
+    return os.environ.get("CIOSL_TRACEBACK", "") not in ("", "0")
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else ""
 
 
 def message(e: BaseException) -> str:
-    """The one-line message of ``e``."""
+    """The one-line message of ``e`` (an expected error or not)."""
     if isinstance(e, OSError) and e.strerror:
-        where = e.filename if e.filename is not None else None
-        return f"{where}: {e.strerror}" if where else e.strerror
-    return str(e).splitlines()[0] if str(e) else type(e).__name__
+        names = [str(n) for n in (e.filename, e.filename2) if n is not None]
+        return f"{' -> '.join(names)}: {e.strerror}" if names else e.strerror
+    if isinstance(e, MemoryError):
+        return (f"out of memory{': ' + _first_line(e) if _first_line(e) else ''}; use fewer "
+                "samples (--limit-per-class) or fewer workers")
+    if isinstance(e, EOFError | pickle.UnpicklingError | zipfile.BadZipFile):
+        return f"{type(e).__name__}: {_first_line(e) or 'no details'}"
+    if not isinstance(e, EXPECTED):
+        return (f"internal error ({type(e).__name__}: {_first_line(e)}): a bug in ciosl, please "
+                "report it (CIOSL_TRACEBACK=1 shows where)")
+    return _first_line(e) or type(e).__name__

@@ -13,13 +13,16 @@ import gzip
 import hashlib
 import os
 import re
+import zlib
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from ciosl.data.archive import check_zip, load_npz
 from ciosl.data.download import download_url, extract_tar, mirror_urls
-from ciosl.data.safe_pickle import safe_load
+from ciosl.data.safe_pickle import BadPickleError, safe_load
 from ciosl.data.types import ArrayImages, DatasetSpec, RawDataset
 from ciosl.data.video import make_video_dataset
 
@@ -145,8 +148,8 @@ def get_spec(name: str) -> DatasetSpec:
         path = Path(name[len(FEATURES_PREFIX):]).expanduser()
         if not path.is_file():
           raise FileNotFoundError(f"{name}: no such feature file {path}")
-        with np.load(path, allow_pickle=False) as f:
-          temporal = {"train_instance", "train_frame"} <= set(f.files)
+        names = {m.filename for m in check_zip(path, "features .npz")}
+        temporal = {"train_instance.npy", "train_frame.npy"} <= names
         return DatasetSpec(name, f"precomputed features from {path}", 0.10, 2, 1000,
                          _ALL if temporal else _IID, "none", 50, 128,
                          "a .npz with train_z, train_y, test_z, test_y",
@@ -242,8 +245,12 @@ def read_idx(path: str | Path) -> np.ndarray:
     """Parse an IDX file (optionally .gz) of unsigned bytes: magic, dims, then the data."""
     path = Path(path)
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as f:
-        raw = f.read()
+    try:
+        with opener(path, "rb") as f:
+            raw = f.read()
+    except (EOFError, gzip.BadGzipFile, zlib.error) as e:  # a truncated or damaged .gz
+        raise ValueError(f"{path}: corrupt or truncated gzip file ({type(e).__name__}: "
+                         f"{e or 'ends early'}); delete it and download it again") from None
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] != 0x08:
         raise ValueError(f"{path}: not an IDX file of unsigned bytes (bad magic number)")
     ndim = raw[3]
@@ -316,6 +323,17 @@ def _find_cifar(name: str, root: Path | None) -> Path | None:
     return None
 
 
+def read_batch(path: Path) -> Any:
+    """A CIFAR pickle through the safe unpickler; any failure names the file."""
+    try:
+        return safe_load(path)
+    except OSError:
+        raise
+    except Exception as e:  # refused global, truncation (EOFError), garbage: one clear error
+        raise BadPickleError(f"{path}: not a readable CIFAR pickle ({type(e).__name__}: "
+                             f"{e})") from None
+
+
 def load_cifar(name: str, root: str | Path | None = None, *, download: bool = False) -> RawDataset:
     """CIFAR-10/100 from the official python-pickle batches (read with the safe unpickler)."""
     spec = DATASETS[name]
@@ -333,7 +351,7 @@ def load_cifar(name: str, root: str | Path | None = None, *, download: bool = Fa
     def read(files: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         xs, ys = [], []
         for f in files:
-          d = safe_load(folder / f)
+          d = read_batch(folder / f)
           if not isinstance(d, dict) or b"data" not in d or label_key not in d:
               raise ValueError(f"{folder / f}: not a {name} batch (keys b'data', {label_key!r})")
           xs.append(np.asarray(d[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32))
@@ -342,7 +360,7 @@ def load_cifar(name: str, root: str | Path | None = None, *, download: bool = Fa
 
     (xtr, ytr), (xte, yte) = read(train), read(test)
     names = tuple(n.decode() if isinstance(n, bytes) else str(n)
-                for n in safe_load(folder / meta)[names_key])
+                for n in read_batch(folder / meta)[names_key])
     return RawDataset(name, "images", ArrayImages(xtr), ytr, ArrayImages(xte), yte, names,
                     _fingerprint(name, (xtr, ytr, xte, yte)), meta={"path": str(folder)})
 
@@ -430,11 +448,7 @@ def load_features(path: str | Path) -> RawDataset:
     def bad(msg: str) -> ValueError:
         return ValueError(f"{path}: {msg}")
 
-    try:
-        with np.load(path, allow_pickle=False) as f:
-          d = {k: f[k] for k in f.files}
-    except ValueError as e:  # object arrays (pickles) are refused, as is a non-npz file
-        raise bad(f"not a plain .npz of numeric arrays ({e})") from None
+    d = load_npz(path, "features .npz")  # one clear error for any damaged file
     missing = [k for k in ("train_z", "train_y", "test_z", "test_y") if k not in d]
     if missing:
         raise bad(f"missing array(s) {missing}; found {sorted(d)}")

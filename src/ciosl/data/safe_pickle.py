@@ -39,6 +39,10 @@ for _mod in ("builtins", "__builtin__"):  # __builtin__: Python 2 pickles (the C
 _ALLOWED[("__builtin__", "unicode")] = str
 
 
+class BadPickleError(pickle.UnpicklingError, ValueError):
+    """A pickle that was refused or could not be read; the message names the file."""
+
+
 class RestrictedUnpickler(pickle.Unpickler):
     """An Unpickler whose ``find_class`` only resolves an allow-list of safe globals."""
 

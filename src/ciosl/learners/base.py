@@ -434,10 +434,13 @@ class Learner:
     def load(cls, path: str | Path) -> Learner:
         """A learner saved with ``save``; ``Learner.load`` gives the saved method's class,
         ``SomeMethod.load`` refuses a file of another method."""
+        from ciosl.data.archive import ArchiveError, check_zip
+
         path = Path(path)
         try:
+            check_zip(path, "ciosl learner file")  # sizes checked before anything inflates
             blob = torch.load(path, map_location="cpu", weights_only=True)
-        except FileNotFoundError:
+        except (FileNotFoundError, ArchiveError):
             raise
         except Exception as e:
             raise ValueError(f"{path} is not a readable ciosl learner file ({type(e).__name__}: "

@@ -5,6 +5,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -17,6 +18,11 @@ from rich.table import Table
 
 console = Console()
 err_console = Console(stderr=True)
+
+
+def print_error(text: str, prefix: str = "[red]error:[/] ") -> None:
+    """One line on stderr (never wrapped; the text is not read as markup)."""
+    err_console.print(prefix + escape(text), highlight=False, soft_wrap=True)
 
 
 @contextmanager
