@@ -341,3 +341,62 @@ def test_a_diverging_lr_is_one_line(tmp_path, capsys):
     line = one_line_error(*cli(capsys, run_args(tmp_path, "--set", "lr=100", "--set",
                                                 "max_grad_norm=inf", method="finetune")))
     assert line.startswith("error: finetune: training diverged")
+
+
+# ---------------------------------------------------------------------------- ciosl report
+
+
+@pytest.fixture(scope="module")
+def one_result(tmp_path_factory) -> dict:
+    tmp = tmp_path_factory.mktemp("result")
+    return experiment.run_experiment(experiment.ExperimentSpec(
+        dataset="digits", ordering="class_iid", method="ncm", seeds=[0, 1], out_dir=tmp / "out",
+        cache_dir=tmp / "cache", limit_per_class=12, offline_epochs=2))
+
+
+def write_result(folder: Path, name: str, data) -> Path:
+    path = folder / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(data if isinstance(data, str) else json.dumps(data))
+    return path
+
+
+# (id, what is written next to a good result: name -> content (a dict is changed from the good
+# result), the warning's fragment)
+REPORT_CASES = [
+    ("not-json", {"broken.json": '{"omega_all": {"mean": 0.5'},
+     "warning: skipped {}/broken.json: not valid JSON"),
+    ("unreadable", {"dir.json/x": "{}"}, "warning: skipped {}/dir.json: unreadable (Is a directory)"),
+    ("no-runs", {"empty.json": {"runs": []}},
+     "warning: skipped {}/empty.json: malformed result: runs must be a non-empty list"),
+    ("nan-mean", {"nan.json": {"omega_all": {"mean": float("nan"), "std": 0.1}}},
+     "warning: skipped {}/nan.json: malformed result: omega_all.mean must be a finite number"),
+    ("wrong-types", {"types.json": {"method": 5}},
+     "warning: skipped {}/types.json: malformed result: method must be a string, got 5"),
+    ("run-not-object", {"runs.json": {"runs": ["x"]}},
+     "warning: skipped {}/runs.json: malformed result: runs[0] must be an object"),
+    ("duplicate", {"copy/digits_class_iid_ncm.json": {"runs": "first"}},
+     "note: 2 results for NCM on digits ≤12/class / class_iid: used "
+     "digits_class_iid_ncm.json (2 runs; the most runs, then the newest), not "
+     "copy/digits_class_iid_ncm.json (1 runs)"),
+]
+
+
+@pytest.mark.parametrize(("files", "fragment"), [c[1:] for c in REPORT_CASES],
+                         ids=[c[0] for c in REPORT_CASES])
+def test_report_warns_per_skipped_file_and_keeps_going(files, fragment, one_result, tmp_path,
+                                                      capsys):
+    folder = tmp_path / "results"
+    good = json.loads(Path(one_result["path"]).read_text())
+    write_result(folder, "digits_class_iid_ncm.json", good)
+    for name, change in files.items():
+        if isinstance(change, dict) and change.get("runs") == "first":
+            change = {**change, "runs": good["runs"][:1]}
+        write_result(folder, name, {**good, **change} if isinstance(change, dict) else change)
+    rc = main(["report", str(folder)])
+    err = capsys.readouterr().err
+    assert rc == 0 and "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith(fragment.replace("{}", str(folder))), lines
+    report = (folder / "report.md").read_text()
+    assert "| NCM" in report  # the good result is in the report

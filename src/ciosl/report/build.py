@@ -9,7 +9,13 @@ from pathlib import Path
 from ciosl.fileio import atomic_write_bytes
 from ciosl.report.html import render_html
 from ciosl.report.plots import Figure, make_figures
-from ciosl.report.results import Entry, load_entries, method_name, settings_text
+from ciosl.report.results import (
+    Entry,
+    drop_duplicates,
+    load_entries,
+    method_name,
+    settings_text,
+)
 from ciosl.report.tables import Table, build_tables, to_markdown
 
 FORMATS = ("md", "html")
@@ -23,6 +29,8 @@ class Report:
     figures: list[Figure]
     entries: list[Entry]
     intro: list[str] = field(default_factory=list)  # lines under the title (md and html)
+    left_out: list[tuple[Path, str]] = field(default_factory=list)  # (file, why not used)
+    duplicates: list[str] = field(default_factory=list)  # which of several results was used
 
     def markdown(self, kind: str = "main") -> str | None:
         for table in self.tables:
@@ -72,6 +80,25 @@ def intro_lines(entries: list[Entry], omega_events: str,
     return lines
 
 
+def _rel(path: Path, root: Path) -> str:
+    try:
+        return str(path.relative_to(root))
+    except ValueError:
+        return str(path)
+
+
+def duplicate_line(used: Entry, others: list[Entry], root: Path) -> str:
+    """Which of several results of one cell the report shows, and why."""
+    cell = f"{used.label} on {used.column.label} / {used.column.ordering}"
+    if used.regime != "streaming":
+        cell += f" ({used.regime})"
+    if used.diff:
+        cell += f" [{settings_text(used.diff)}]"
+    return (f"{len(others) + 1} results for {cell}: used {_rel(used.path, root)} "
+            f"({used.n_runs} runs; the most runs, then the newest), not "
+            f"{', '.join(_rel(e.path, root) + f' ({e.n_runs} runs)' for e in others)}.")
+
+
 def render_markdown(title: str, tables: list[Table], figures: list[Figure],
                     entries: list[Entry], root: Path, base: Path,
                     intro: list[str] = ()) -> str:
@@ -111,7 +138,9 @@ def write_report(results: str | Path, *, fmt: str = "md", out: str | Path | None
         raise ValueError(f"unknown report format {fmt!r}; valid choices: {', '.join(FORMATS)}")
     root = Path(results)
     left_out: list[tuple[Path, str]] = []
-    entries = load_entries(root, omega_events=omega_events, left_out=left_out)
+    entries, dups = drop_duplicates(load_entries(root, omega_events=omega_events,
+                                                 left_out=left_out))
+    duplicates = [duplicate_line(used, others, root) for used, others in dups]
     if not entries:
         raise FileNotFoundError(f"no result JSONs (from `ciosl run` or `ciosl sweep`) under "
                                 f"{root}")
@@ -119,10 +148,10 @@ def write_report(results: str | Path, *, fmt: str = "md", out: str | Path | None
     title = title or f"ciosl report: {root.resolve().name}"
     tables = build_tables(entries)
     figures = make_figures(entries, tables, path.parent / "figures")
-    intro = intro_lines(entries, omega_events, left_out, root)
+    intro = intro_lines(entries, omega_events, left_out, root) + duplicates
     if fmt == "md":
         text = render_markdown(title, tables, figures, entries, root, path.parent, intro)
     else:
         text = render_html(title, tables, figures, entries, root, _grids(root), intro)
     atomic_write_bytes(path, text.encode())
-    return Report(path, fmt, tables, figures, entries, intro)
+    return Report(path, fmt, tables, figures, entries, intro, left_out, duplicates)

@@ -200,6 +200,10 @@ def print_sweep_summary(summary) -> None:
 
 
 def print_report(report) -> None:
+    for path, reason in report.left_out:  # on stderr, one line each, before the tables
+        print_error(f"skipped {path}: {reason}", prefix="[yellow]warning:[/] ")
+    for line in report.duplicates:
+        print_error(line, prefix="[yellow]note:[/] ")
     main = report.markdown("main")
     if main is not None:
         console.print(main, highlight=False, markup=False, soft_wrap=True)

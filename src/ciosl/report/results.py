@@ -24,6 +24,7 @@ departure from the paper off as the paper's method.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -261,11 +262,44 @@ def make_entry(data: dict, path: Path, omega_events: str = "after_base") -> Entr
                           and effective[k] != paper[k] and k not in diff and k not in fixed})
 
 
+def looks_like_result(data: Any) -> bool:
+    """A JSON that means to be a result (run files, cache entries and the like do not)."""
+    return isinstance(data, dict) and "omega_all" in data and "method" in data
+
+
+def _finite(x: Any) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def result_problem(data: dict) -> str | None:
+    """Why a result JSON cannot be used (None: it can): wrong types, no runs, non-finite
+    numbers."""
+    for k in ("method", "dataset", "ordering"):
+        if not isinstance(data.get(k), str):
+            return f"{k} must be a string, got {data.get(k)!r}"
+    om = data["omega_all"]
+    if not isinstance(om, dict) or not _finite(om.get("mean")):
+        return f"omega_all.mean must be a finite number, got {om!r}"
+    if "std" in om and not (_finite(om["std"]) and om["std"] >= 0):
+        return f"omega_all.std must be a finite number >= 0, got {om['std']!r}"
+    runs = data.get("runs")
+    if not isinstance(runs, list) or not runs:
+        return f"runs must be a non-empty list, got {runs!r}"
+    for i, run in enumerate(runs):
+        if not isinstance(run, dict):
+            return f"runs[{i}] must be an object, got {run!r}"
+        for k in ("accuracy", "accuracy_offline"):
+            if k in run and not (isinstance(run[k], list) and all(map(_finite, run[k]))):
+                return f"runs[{i}].{k} must be a list of finite numbers"
+    return None
+
+
 def load_entries(folder: str | Path, *, omega_events: str = "after_base",
                  left_out: list[tuple[Path, str]] | None = None) -> list[Entry]:
     """Every result JSON under ``folder`` (recursively; run files and other JSONs are skipped),
-    with Omega_all under ``omega_events``. A result whose Omega_all cannot be given under that
-    definition is left out, and (path, reason) appended to ``left_out``."""
+    with Omega_all under ``omega_events``. A JSON that cannot be read, a malformed result and a
+    result whose Omega_all cannot be given under that definition are left out, each with
+    (path, reason) appended to ``left_out``."""
     from ciosl.evaluation.metrics import check_omega_events
 
     check_omega_events(omega_events)
@@ -273,23 +307,51 @@ def load_entries(folder: str | Path, *, omega_events: str = "after_base",
     if not folder.is_dir():
         raise FileNotFoundError(f"no such results folder: {folder}")
     entries = []
+    skipped: list[tuple[Path, str]] = left_out if left_out is not None else []
     for path in sorted(folder.rglob("*.json")):
         try:
             data = json.loads(path.read_text())
-        except (OSError, ValueError):
+        except OSError as e:
+            skipped.append((path, f"unreadable ({e.strerror or type(e).__name__})"))
             continue
-        if is_result(data):
-            try:
-                entries.append(make_entry(data, path, omega_events))
-            except ValueError as e:
-                if left_out is not None:
-                    left_out.append((path, str(e)))
+        except ValueError as e:
+            skipped.append((path, f"not valid JSON ({e})"))
+            continue
+        if not looks_like_result(data):
+            continue
+        problem = result_problem(data)
+        if problem is not None:
+            skipped.append((path, f"malformed result: {problem}"))
+            continue
+        try:
+            entries.append(make_entry(data, path, omega_events))
+        except (ValueError, TypeError, KeyError, AttributeError, ZeroDivisionError) as e:
+            skipped.append((path, str(e) if isinstance(e, ValueError)
+                            else f"malformed result ({type(e).__name__}: {e})"))
     return entries
 
 
 def pick(entries: list[Entry]) -> Entry:
     """Of several results for the same cell: the one with most runs, then the newest."""
     return max(entries, key=lambda e: (e.n_runs, e.mtime))
+
+
+def drop_duplicates(entries: list[Entry]) -> tuple[list[Entry], list[tuple[Entry, list[Entry]]]]:
+    """One entry per cell (method, row label, column, regime, settings), the one ``pick``
+    takes; and (used, not used) for every cell that had several."""
+    groups: dict[tuple, list[Entry]] = {}
+    for e in entries:
+        key = (e.method, e.label, e.column, e.regime, e.violates,
+               json.dumps(e.diff, sort_keys=True, default=str))
+        groups.setdefault(key, []).append(e)
+    kept, duplicates = [], []
+    for group in groups.values():
+        used = pick(group)
+        kept.append(used)
+        if len(group) > 1:
+            duplicates.append((used, [e for e in group if e is not used]))
+    order = {id(e): i for i, e in enumerate(entries)}
+    return sorted(kept, key=lambda e: order[id(e)]), duplicates
 
 
 def offline_mean(entry: Entry) -> float | None:
