@@ -153,7 +153,7 @@ def test_gdumb_retrains_from_scratch_only_when_memory_changes(monkeypatch):
     assert counts[full] >= 5 and learner.version == version
     learner.predict_proba(Z)
     assert len(calls) == 1
-    learner.learn_one(Z[0] + 100.0, "new")  # a new class is always stored
+    learner.learn_one(Z[0] + 100.0, 99)  # a new class (99) is always stored
     assert learner.version > version
     assert learner.predict_proba(Z).shape == (len(Z), 3)
     assert len(calls) == 2

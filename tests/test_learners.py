@@ -174,7 +174,7 @@ def test_finetune_growth_keeps_old_outputs():
     with torch.no_grad():
         logits = learner.net(X)  # (n, 3)
     P = learner.predict_proba(Z)
-    learner._encode_new(["new"])  # the class arrives; its first step has not happened yet
+    learner._encode_new([99])  # a new class (99) arrives; its first step has not happened yet
     after = learner.net.params
     for p, q in zip(before[:-2], after[:-2], strict=True):
         assert torch.equal(p, q)
@@ -184,7 +184,7 @@ def test_finetune_growth_keeps_old_outputs():
         torch.testing.assert_close(learner.net(X)[:, :3], logits, rtol=0, atol=1e-6)
     P_new = learner.predict_proba(Z)
     np.testing.assert_allclose(P_new[:, :3] / P_new[:, :3].sum(1, keepdims=True), P, rtol=1e-5)
-    learner.learn_one(Z[0], "new")  # the next step moves the old outputs, as fine-tuning does
+    learner.learn_one(Z[0], 99)  # the next step moves the old outputs, as fine-tuning does
     with torch.no_grad():
         assert (learner.net(X)[:, :3] - logits).abs().max() > 1e-4
     assert learner.opt.buffers[-2].shape == (4, 256)

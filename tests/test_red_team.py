@@ -400,3 +400,143 @@ def test_report_warns_per_skipped_file_and_keeps_going(files, fragment, one_resu
     assert len(lines) == 1 and lines[0].startswith(fragment.replace("{}", str(folder))), lines
     report = (folder / "report.md").read_text()
     assert "| NCM" in report  # the good result is in the report
+
+
+# ---------------------------------------------------------------------------- the learner
+D = 6
+
+
+def trained(method: str):
+    from ciosl.learners import make_learner
+
+    rng = np.random.default_rng(0)
+    learner = make_learner(method)
+    Z = rng.normal(size=(40, D)).astype(np.float32) + np.repeat(np.eye(2, D) * 4, 20, axis=0)
+    learner.fit_base(Z, [0] * 20 + [1] * 20)
+    for i in range(6):
+        learner.learn_one(rng.normal(size=D) + 4 * np.eye(D)[i % 2], i % 2)
+    return learner
+
+
+def snapshot(learner) -> bytes:
+    import io
+
+    import torch
+
+    buf = io.BytesIO()
+    torch.save(learner.state_dict(), buf)
+    return buf.getvalue()
+
+
+def huge_at(n: int, pos: int, col: int = 2, value: float = 1e30) -> np.ndarray:
+    Z = np.ones((n, D), np.float32)
+    Z[pos, col] = value
+    return Z
+
+
+def diverging(learner):
+    """The learner's update raises (as a diverging step does) on a sample of a new class."""
+    def boom(z, yi):
+        raise FloatingPointError("training diverged")
+    learner._learn_one = boom
+    learner._learn_batch = lambda Z, yi: boom(None, None)
+    return learner
+
+
+# (id, methods, call on a trained learner, error, message pattern): the state is unchanged after
+LEARNER_CASES = [
+    ("mixed-label-types", ["ncm", "slda", "ciosl", "tinyer"], lambda L: L.learn_one(np.ones(D), "1"),
+     TypeError, "label '1' is a string but this learner's labels are integers \\(first: 0\\)"),
+    ("mixed-label-types-in-a-batch", ["ncm", "finetune"],
+     lambda L: L.learn_many(np.ones((3, D)), [1, "a", 0]), TypeError, "label 'a' is a string"),
+    ("score-length", ["ncm", "ciosl"], lambda L: L.score(np.ones((3, D)), [0]), ValueError,
+     "score: 3 samples but 1 labels"),
+    ("huge-feature-ncm-slda", ["ncm", "slda"], lambda L: L.learn_one(huge_at(1, 0)[0], 0),
+     ValueError, "position 0 has feature 2 = 1e\\+30, beyond \\+-1e\\+12"),
+    ("huge-feature-in-a-batch", ["ncm", "slda", "ciosl"],
+     lambda L: L.learn_many(huge_at(5, 3, value=-3e20), [0] * 5), ValueError,
+     "position 3 has feature 2 = -3e\\+20"),
+    ("huge-feature-predict", ["slda"], lambda L: L.predict_proba(huge_at(4, 1)), ValueError,
+     "position 1 has feature 2"),
+    ("new-class-then-raise", ["ciosl", "ncm", "tinyer"],
+     lambda L: diverging(L).learn_one(np.ones(D), 9), FloatingPointError, "diverged"),
+    ("batch-raises-midway", ["ciosl", "finetune"],
+     lambda L: diverging(L).learn_many(np.ones((4, D)), [0, 1, 5, 5]), FloatingPointError,
+     "diverged"),
+]
+
+
+@pytest.mark.parametrize(("method", "call", "error", "pattern"),
+                         [(m, *c[2:]) for c in LEARNER_CASES for m in c[1]],
+                         ids=[f"{c[0]}-{m}" for c in LEARNER_CASES for m in c[1]])
+def test_learner_refuses_and_stays_unchanged(method, call, error, pattern):
+    learner = trained(method)
+    before, classes = snapshot(learner), list(learner.classes_)
+    with pytest.raises(error, match=pattern):
+        call(learner)
+    for name in ("_learn_one", "_learn_batch"):
+        learner.__dict__.pop(name, None)
+    assert learner.classes_ == classes
+    assert snapshot(learner) == before
+
+
+def saved_blob(tmp_path: Path, method: str = "ncm") -> dict:
+    import torch
+
+    path = trained(method).save(tmp_path / "l.ciosl")
+    return torch.load(path, weights_only=True)
+
+
+def fewer_classes(b):
+    b["state"]["classes"] = b["state"]["classes"][:1]
+
+
+def nan_tensor(b):
+    b["state"]["state"]["mu"][0, 0] = float("nan")
+
+
+LOAD_CASES = [
+    ("classes-fewer-than-outputs", fewer_classes,
+     "inconsistent learner state: the model answers with 2 outputs for 1 classes"),
+    ("nan-tensor", nan_tensor, "inconsistent learner state: state.mu holds NaN"),
+    ("out-of-range-setting", lambda b: b["state"]["params"].update(temperature=-5.0),
+     "inconsistent learner state: params: ncm: temperature must be > 0, got -5.0"),
+    ("params-overwrite-name", lambda b: b["state"]["params"].update(name="slda"),
+     "inconsistent learner state: unknown setting(s) name in params"),
+    ("missing-key", lambda b: b.pop("settings"), "damaged ciosl learner file: missing settings"),
+    ("missing-state-key", lambda b: b["state"].pop("n_seen"),
+     "inconsistent learner state: missing n_seen"),
+    ("format-version-not-int", lambda b: b.update(format_version="1"),
+     "format_version must be an integer, got '1'"),
+    ("mixed-classes", lambda b: b["state"].update(classes=[0, "1"]), "classes mix integers and strings"),
+    ("duplicate-classes", lambda b: b["state"].update(classes=[1, 1]), "classes lists a label twice"),
+]
+
+
+@pytest.mark.parametrize(("damage", "fragment"), [c[1:] for c in LOAD_CASES],
+                         ids=[c[0] for c in LOAD_CASES])
+def test_damaged_learner_files_are_refused_clearly(damage, fragment, tmp_path):
+    import io
+
+    import torch
+
+    import ciosl
+
+    blob = saved_blob(tmp_path)
+    damage(blob)
+    buf = io.BytesIO()
+    torch.save(blob, buf)
+    (tmp_path / "bad.ciosl").write_bytes(buf.getvalue())
+    with pytest.raises(ValueError) as info:
+        ciosl.Learner.load(tmp_path / "bad.ciosl")
+    assert fragment in str(info.value) and str(tmp_path / "bad.ciosl") in str(info.value)
+
+
+def test_load_state_dict_refusal_leaves_the_learner_unchanged(tmp_path):
+    learner = trained("slda")
+    before = snapshot(learner)
+    bad = learner.state_dict()
+    bad["classes"] = [0, 1, 2]  # one class more than the model has
+    with pytest.raises(ValueError, match="inconsistent learner state"):
+        learner.load_state_dict(bad)
+    assert snapshot(learner) == before

@@ -70,6 +70,7 @@ def make_learner(name: str, **settings: Any) -> Learner:
 
 
 SMALL_BATCH = 256  # predict_proba on fewer rows runs single-threaded too
+MAX_FEATURE = 1e12  # larger feature magnitudes are refused (see Learner._check_Z)
 
 
 @contextlib.contextmanager
@@ -125,6 +126,10 @@ def parse_value(setting: Setting, text: str) -> Any:
         ) from None
     check_finite(setting, value)
     return value
+
+
+def _hashable(v: Any) -> Any:
+    return v.item() if isinstance(v, np.generic) else v
 
 
 def allows_inf(setting: Setting) -> bool:
@@ -277,6 +282,15 @@ class Learner:
             raise ValueError(
                 f"{where}: sample at position {first + bad} has NaN or infinite features"
             )
+        big = np.abs(Z) > MAX_FEATURE
+        if big.any():
+            row, col = (int(v) for v in np.argwhere(big)[0])
+            raise ValueError(
+                f"{where}: sample at position {first + row} has feature {col} = "
+                f"{float(Z[row, col]):.3g}, beyond +-{MAX_FEATURE:.0e} (its square overflows "
+                "float32 arithmetic, and it would swamp every running mean for good): rescale "
+                "the features"
+            )
         if self.dim_ is not None and Z.shape[1] != self.dim_:
             raise ValueError(
                 f"{where}: feature width {Z.shape[1]} differs from the width seen first "
@@ -293,6 +307,17 @@ class Learner:
                 f"{where}: labels must be integers or strings, got {type(label).__name__} {label!r}"
             )
         return label
+
+    def _check_label_kind(self, labels: list, where: str) -> None:
+        """Integers and strings never mix in one learner (1 and "1" would be two classes that
+        print alike, and ``score`` would count a right answer as wrong)."""
+        first = self.classes_[0] if self.classes_ else (labels[0] if labels else None)
+        for lab in labels:
+            if type(lab) is not type(first):
+                raise TypeError(
+                    f"{where}: label {lab!r} is {'an integer' if isinstance(lab, int) else 'a string'}"
+                    f" but this learner's labels are {'integers' if isinstance(first, int) else 'strings'}"
+                    f" (first: {first!r}); integers and strings cannot be mixed")
 
     def _encode_new(self, labels: list) -> np.ndarray:
         """Internal indices of ``labels``, adding unseen labels (in order of appearance)."""
@@ -313,45 +338,79 @@ class Learner:
         if len(y) != Z.shape[0]:
             raise ValueError(f"{where}: {Z.shape[0]} samples but {len(y)} labels")
         y = [self._check_label(v, where=where) for v in y]
+        self._check_label_kind(y, where)
         if self.dim_ is None:
             self.dim_ = int(Z.shape[1])
             self._init_state(self.dim_)
         return Z, y
 
     # ------------------------------------------------------------------ public protocol
+    @contextlib.contextmanager
+    def _all_or_nothing(self, full: bool):
+        """Leave the learner as it was if the block raises. ``full``: a copy of the whole state
+        (a new class grows the model, a base init or a batch changes everything); otherwise
+        the random generators only: a learner detects a non-finite loss before its parameters
+        or its memory move, but may have drawn replay samples by then."""
+        saved = copy.deepcopy(self.state_dict()) if full else None
+        rng = copy.deepcopy(self.rng.bit_generator.state), self.torch_rng.get_state()
+        try:
+            yield
+        except BaseException:
+            if saved is not None:
+                self.load_state_dict(saved, check=False)
+            else:
+                self.rng.bit_generator.state, _ = rng
+                self.torch_rng.set_state(rng[1])
+            raise
+
+    def _any_new(self, labels: Any) -> bool:
+        """True if ``labels`` may add a class (or the state is not built yet)."""
+        if self.dim_ is None:
+            return True
+        try:
+            return any(_hashable(v) not in self._class_index
+                       for v in np.asarray(labels, dtype=object).reshape(-1))
+        except TypeError:  # an unhashable label: refused by the checks, to be safe
+            return True
+
     def fit_base(self, Z, y) -> Learner:
-        """Offline base initialization on (Z, y)."""
-        Z, y = self._prepare(Z, y, "fit_base")
-        yi = self._encode_new(y)
-        self._fit_base(Z, yi)
-        self.n_seen_ += len(yi)
+        """Offline base initialization on (Z, y); the learner is unchanged if it raises."""
+        with self._all_or_nothing(full=True):
+            Z, y = self._prepare(Z, y, "fit_base")
+            yi = self._encode_new(y)
+            self._fit_base(Z, yi)
+            self.n_seen_ += len(yi)
         return self
 
     def learn_one(self, z, y) -> None:
-        """One streaming update with a single sample (z of shape (d,) or (1, d))."""
+        """One streaming update with a single sample (z of shape (d,) or (1, d)); the learner
+        is unchanged if it raises."""
         Z = self._check_Z(z, where="learn_one")
         if Z.shape[0] != 1:  # checked before _prepare may fix the feature width
             raise ValueError(f"learn_one: expects one sample, got {Z.shape[0]}")
-        Z, (lab,) = self._prepare(Z, [y] if not isinstance(y, list | np.ndarray) else y,
-                                  "learn_one")
-        (yi,) = self._encode_new([lab])
-        with single_thread():
-            self._learn_one(Z[0], int(yi))
-        self.n_seen_ += 1
+        labels = [y] if not isinstance(y, list | np.ndarray) else y
+        with self._all_or_nothing(full=self._any_new(labels)):
+            Z, (lab,) = self._prepare(Z, labels, "learn_one")
+            (yi,) = self._encode_new([lab])
+            with single_thread():
+                self._learn_one(Z[0], int(yi))
+            self.n_seen_ += 1
 
     def learn_many(self, Z, y) -> None:
         """A mini-batch (the online and batch regimes). Methods with a mini-batch update
         implement ``_learn_batch(Z, yi)``; the others learn the samples one at a time, in
-        order. The whole batch is checked before anything is learned."""
-        Z, y = self._prepare(Z, y, "learn_many")
-        if not self._has_batch_update():
-            for i in range(Z.shape[0]):
-                self.learn_one(Z[i], y[i])
-            return
-        yi = self._encode_new(y)
-        with single_thread() if len(Z) < SMALL_BATCH else contextlib.nullcontext():
-            self._learn_batch(Z, yi)
-        self.n_seen_ += len(yi)
+        order. The whole batch is checked before anything is learned, and the learner is
+        unchanged if it raises."""
+        with self._all_or_nothing(full=True):
+            Z, y = self._prepare(Z, y, "learn_many")
+            if not self._has_batch_update():
+                for i in range(Z.shape[0]):
+                    self.learn_one(Z[i], y[i])
+                return
+            yi = self._encode_new(y)
+            with single_thread() if len(Z) < SMALL_BATCH else contextlib.nullcontext():
+                self._learn_batch(Z, yi)
+            self.n_seen_ += len(yi)
 
     @classmethod
     def _has_batch_update(cls) -> bool:
@@ -378,10 +437,13 @@ class Learner:
 
     def score(self, Z, y) -> float:
         """Accuracy; test labels never seen in training count as wrong."""
-        y = np.asarray(y)
+        y = np.asarray(y).reshape(-1)
         if len(y) == 0:
             raise ValueError("score: empty test set")
-        return float(np.mean(self.predict(Z) == y))
+        pred = self.predict(Z)
+        if len(pred) != len(y):
+            raise ValueError(f"score: {len(pred)} samples but {len(y)} labels")
+        return float(np.mean(pred == y))
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
@@ -397,7 +459,47 @@ class Learner:
             "state": self._state() if self.dim_ is not None else None,
         }
 
-    def load_state_dict(self, sd: dict[str, Any]) -> Learner:
+    def load_state_dict(self, sd: dict[str, Any], *, check: bool = True) -> Learner:
+        """Continue from ``sd`` (a ``state_dict``). ``check``: validate it as strictly as
+        constructor settings and learned input (``ValueError`` naming the problem, and this
+        learner unchanged) -- settings in range, classes unique, of one kind and matching the
+        model's outputs, no NaN anywhere."""
+        if not check:
+            self._apply_state(sd)
+            return self
+        problem = state_problem(type(self), sd)
+        if problem is not None:
+            raise ValueError(f"{self.name}: inconsistent learner state: {problem}")
+        backup = copy.deepcopy(self.state_dict())
+        try:
+            self._apply_state(sd)
+            problem = self._output_problem()
+        except Exception as e:  # tensors of the wrong shape for the classes, and the like
+            problem = f"{type(e).__name__}: {e}"
+        if problem is not None:
+            self._apply_state(backup)
+            raise ValueError(f"{self.name}: inconsistent learner state: {problem}")
+        return self
+
+    def _output_problem(self) -> str | None:
+        """A probe of the loaded model: one output per class, finite. Learners that retrain
+        before inference (``violates_single_pass``) are not probed (too costly)."""
+        if not self.classes_ or self.violates_single_pass:
+            return None
+        rng = copy.deepcopy(self.rng.bit_generator.state), self.torch_rng.get_state()
+        try:
+            P = np.asarray(self._predict_proba(np.zeros((1, self.dim_), np.float32)))
+        finally:
+            self.rng.bit_generator.state = rng[0]
+            self.torch_rng.set_state(rng[1])
+        if P.shape != (1, len(self.classes_)):
+            return (f"the model answers with {P.shape[-1]} outputs for {len(self.classes_)} "
+                    "classes")
+        if not np.isfinite(P).all():
+            return "the model's answers are not finite"
+        return None
+
+    def _apply_state(self, sd: dict[str, Any]) -> None:
         if sd.get("method") != self.name:
             raise ValueError(f"state of method {sd.get('method')!r} given to {self.name!r}")
         for k, v in sd["params"].items():
@@ -412,7 +514,6 @@ class Learner:
         self.n_seen_ = sd["n_seen"]
         self.rng.bit_generator.state = copy.deepcopy(sd["rng"])
         self.torch_rng.set_state(sd["torch_rng"].clone())
-        return self
 
     # ------------------------------------------------------------------ files
     def save(self, path: str | Path) -> Path:
@@ -447,6 +548,16 @@ class Learner:
                              f"{e})") from None
         if not isinstance(blob, dict) or blob.get("format") != FILE_FORMAT:
             raise ValueError(f"{path} is not a ciosl learner file")
+        missing = [k for k in ("format_version", "method", "settings", "state") if k not in blob]
+        if missing:
+            raise ValueError(f"{path}: damaged ciosl learner file: missing {', '.join(missing)}")
+        version = blob["format_version"]
+        if isinstance(version, bool) or not isinstance(version, int):
+            raise ValueError(f"{path}: damaged ciosl learner file: format_version must be an "
+                             f"integer, got {version!r}")
+        if not isinstance(blob["method"], str) or not isinstance(blob["settings"], dict):
+            raise ValueError(f"{path}: damaged ciosl learner file: method must be a name and "
+                             "settings a table")
         if blob["format_version"] > FILE_VERSION:
             raise ValueError(
                 f"{path} has learner file format version {blob['format_version']} (written by "
@@ -456,7 +567,11 @@ class Learner:
         if cls is not Learner and method != cls.name:
             raise ValueError(f"{path} holds a {method!r} learner, not {cls.name!r}; load it with "
                              "ciosl.Learner.load")
-        return get_method(method)(**blob["settings"]).load_state_dict(blob["state"])
+        try:
+            learner = get_method(method)(**blob["settings"])
+            return learner.load_state_dict(blob["state"])
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"{path}: {e}") from None
 
     def memory_bytes(self) -> int:
         """Size of the learner's state (model, memory buffers) as it would be serialized."""
@@ -490,6 +605,63 @@ class Learner:
 
     def _load_state(self, state: dict[str, Any]) -> None:
         raise NotImplementedError
+
+
+def _nan_at(obj: Any, where: str) -> str | None:
+    """The path of the first NaN in a nested state (tensors, arrays, numbers), or None."""
+    if isinstance(obj, torch.Tensor):
+        return where if obj.is_floating_point() and bool(torch.isnan(obj).any()) else None
+    if isinstance(obj, np.ndarray):
+        return where if obj.dtype.kind == "f" and bool(np.isnan(obj).any()) else None
+    if isinstance(obj, float):
+        return where if math.isnan(obj) else None
+    items = (obj.items() if isinstance(obj, dict)
+             else enumerate(obj) if isinstance(obj, list | tuple) else ())
+    for k, v in items:
+        found = _nan_at(v, f"{where}.{k}")
+        if found is not None:
+            return found
+    return None
+
+
+def state_problem(cls: type[Learner], sd: Any) -> str | None:
+    """What is wrong with a ``state_dict`` for ``cls`` before it is applied (None: nothing
+    found): missing keys, settings that are unknown or out of range, classes that are not
+    unique integers or strings of one kind, a width or count that is not a count, NaN."""
+    if not isinstance(sd, dict):
+        return f"expected a table, got {type(sd).__name__}"
+    need = ("method", "params", "classes", "dim", "n_seen", "rng", "torch_rng", "state")
+    missing = [k for k in need if k not in sd]
+    if missing:
+        return f"missing {', '.join(missing)}"
+    params = sd["params"]
+    if not isinstance(params, dict):
+        return "params must be a table of settings"
+    known = {s.name for s in cls.settings()}
+    unknown = sorted(set(params) - known)
+    if unknown:
+        return f"unknown setting(s) {', '.join(map(str, unknown))} in params"
+    try:
+        cls(**params)
+    except (ValueError, TypeError) as e:
+        return f"params: {e}"
+    classes = sd["classes"]
+    if not isinstance(classes, list) or any(
+            isinstance(c, bool) or not isinstance(c, int | str) for c in classes):
+        return "classes must be a list of integers or strings"
+    if len({type(c) for c in classes}) > 1:
+        return "classes mix integers and strings"
+    if len(set(classes)) != len(classes):
+        return "classes lists a label twice"
+    dim, n_seen = sd["dim"], sd["n_seen"]
+    if dim is not None and (isinstance(dim, bool) or not isinstance(dim, int) or dim < 1):
+        return f"dim must be a positive integer or None, got {dim!r}"
+    if dim is None and classes:
+        return "classes without a model (dim is None)"
+    if isinstance(n_seen, bool) or not isinstance(n_seen, int) or n_seen < 0:
+        return f"n_seen must be an integer >= 0, got {n_seen!r}"
+    nan = _nan_at(sd["state"], "state")
+    return f"{nan} holds NaN" if nan is not None else None
 
 
 Factory = Callable[..., Learner]
