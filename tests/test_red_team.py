@@ -540,3 +540,66 @@ def test_load_state_dict_refusal_leaves_the_learner_unchanged(tmp_path):
     with pytest.raises(ValueError, match="inconsistent learner state"):
         learner.load_state_dict(bad)
     assert snapshot(learner) == before
+
+
+# ---------------------------------------------------------------------------- caches, loaders
+
+
+def test_an_edited_offline_reference_is_recomputed(tmp_path):
+    spec = dict(dataset="digits", ordering="class_iid", method="ncm", seeds=[0],
+                cache_dir=tmp_path / "cache", limit_per_class=12, offline_epochs=2)
+    first = experiment.run_experiment(experiment.ExperimentSpec(**spec))
+    entries = sorted((tmp_path / "cache" / "offline").glob("*.json"))
+    assert entries
+    for path in entries:  # an edit that keeps the JSON valid and the identity intact
+        entry = json.loads(path.read_text())
+        entry["accuracy"] = 0.011
+        path.write_text(json.dumps(entry))
+    again = experiment.run_experiment(experiment.ExperimentSpec(**spec))
+    assert again["runs"][0]["accuracy_offline"] == first["runs"][0]["accuracy_offline"]
+    assert again["omega_all"] == first["omega_all"]
+    assert all(json.loads(p.read_text())["accuracy"] != 0.011 for p in entries)  # rewritten
+
+
+def cifar_batch(folder: Path, name: str, images: int, labels) -> None:
+    import pickle
+
+    data = np.zeros((images, 3072), np.uint8)
+    (folder / name).write_bytes(pickle.dumps({b"data": data, b"labels": list(labels)}))
+
+
+def fashion_images(folder: Path, stem: str, shape: tuple) -> None:
+    import gzip
+
+    from test_datasets import idx_bytes
+
+    (folder / f"{stem}.gz").write_bytes(gzip.compress(idx_bytes(np.zeros(shape, np.uint8))))
+
+
+LOADER_CASES = [
+    ("cifar-misaligned", lambda t: cifar_with(t, lambda f: cifar_batch(f, "data_batch_3", 40,
+                                                                          range(30))),
+     "data_batch_3: 40 images but labels of shape (30,)"),
+    ("cifar-label-minus-one", lambda t: cifar_with(t, lambda f: cifar_batch(f, "test_batch", 4,
+                                                                           [0, -1, 2, 3])),
+     "test_batch: labels must be in 0..9, found -1..3"),
+    ("cifar-label-too-big", lambda t: cifar_with(t, lambda f: cifar_batch(f, "data_batch_1", 4,
+                                                                          [0, 10, 2, 3])),
+     "data_batch_1: labels must be in 0..9, found 0..10"),
+    ("cifar-meta-names", lambda t: cifar_with(t, lambda f: (f / "batches.meta").write_bytes(
+        __import__("pickle").dumps({b"label_names": [b"a", b"b"]}))),
+     "batches.meta: expected 10 class names under b'label_names', got 2"),
+    ("fashion-test-images-20x20", lambda t: fashion_with(
+        t, lambda f: fashion_images(f, "t10k-images-idx3-ubyte", (10, 20, 20))),
+     "inconsistent Fashion-MNIST files (t10k-images-idx3-ubyte: (10, 20, 20), expected "
+     "(n, 28, 28)"),
+]
+
+
+@pytest.mark.parametrize(("setup", "fragment"), [c[1:] for c in LOADER_CASES],
+                         ids=[c[0] for c in LOADER_CASES])
+def test_dataset_loaders_check_counts_shapes_and_labels(setup, fragment, tmp_path, capsys):
+    line = one_line_error(*cli(capsys, setup(tmp_path)))
+    assert fragment in line
+    assert not (tmp_path / "cache" / "features").exists() or not any(
+        (tmp_path / "cache" / "features").iterdir())

@@ -296,9 +296,12 @@ def load_fashion_mnist(root: str | Path | None = None, *, download: bool = False
     arrays = []
     for img_stem, lab_stem in FASHION_FILES.values():
         x, y = read_idx(_idx_file(folder, img_stem)), read_idx(_idx_file(folder, lab_stem))
-        if x.ndim != 3 or y.ndim != 1 or len(x) != len(y) or (y.size and y.max() >= 10):
+        if (x.ndim != 3 or x.shape[1:] != (28, 28) or y.ndim != 1 or len(x) != len(y)
+                or (y.size and y.max() >= 10)):
           raise ValueError(f"{folder}: inconsistent Fashion-MNIST files ({img_stem}: "
-                           f"{x.shape}, {lab_stem}: {y.shape})")
+                           f"{x.shape}, expected (n, 28, 28); {lab_stem}: {y.shape} with labels "
+                           f"{'..'.join(str(int(v)) for v in (y.min(), y.max())) if y.size else 'none'}"
+                           ", expected n labels in 0..9)")
         arrays += [x, y.astype(np.int64)]
     xtr, ytr, xte, yte = arrays
     return RawDataset("fashion-mnist", "images", ArrayImages(xtr), ytr, ArrayImages(xte), yte,
@@ -321,6 +324,24 @@ def _find_cifar(name: str, root: Path | None) -> Path | None:
         if all((d / f).is_file() for f in (*train, *test, meta)):
           return d
     return None
+
+
+def check_cifar_batch(path: Path, data: Any, labels: Any,
+                      n_classes: int) -> tuple[np.ndarray, np.ndarray]:
+    """A batch's images (n, 3072) of bytes and its n labels in [0, n_classes), or a
+    ValueError naming the file and what is off."""
+    x, y = np.asarray(data), np.asarray(labels)
+    if x.ndim != 2 or x.shape[1] != 3 * 32 * 32 or x.dtype.kind not in "ui":
+        raise ValueError(f"{path}: images must be rows of 3072 bytes, got {x.dtype} {x.shape}")
+    if x.size and (x.min() < 0 or x.max() > 255):
+        raise ValueError(f"{path}: pixel values outside 0..255")
+    if y.ndim != 1 or y.dtype.kind not in "ui" or len(y) != len(x):
+        raise ValueError(f"{path}: {len(x)} images but labels of shape {y.shape} ({y.dtype}): "
+                         "one integer label per image expected")
+    if y.size and (y.min() < 0 or y.max() >= n_classes):
+        raise ValueError(f"{path}: labels must be in 0..{n_classes - 1}, found "
+                         f"{int(y.min())}..{int(y.max())}")
+    return x.astype(np.uint8), y.astype(np.int64)
 
 
 def read_batch(path: Path) -> Any:
@@ -354,13 +375,19 @@ def load_cifar(name: str, root: str | Path | None = None, *, download: bool = Fa
           d = read_batch(folder / f)
           if not isinstance(d, dict) or b"data" not in d or label_key not in d:
               raise ValueError(f"{folder / f}: not a {name} batch (keys b'data', {label_key!r})")
-          xs.append(np.asarray(d[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32))
-          ys.append(np.asarray(d[label_key], dtype=np.int64))
+          x, y = check_cifar_batch(folder / f, d[b"data"], d[label_key], n_classes)
+          xs.append(x.reshape(-1, 3, 32, 32))
+          ys.append(y)
         return np.concatenate(xs).transpose(0, 2, 3, 1).copy(), np.concatenate(ys)  # NHWC
 
+    n_classes = 100 if name == "cifar100" else 10
     (xtr, ytr), (xte, yte) = read(train), read(test)
-    names = tuple(n.decode() if isinstance(n, bytes) else str(n)
-                for n in read_batch(folder / meta)[names_key])
+    meta_d = read_batch(folder / meta)
+    raw_names = meta_d.get(names_key) if isinstance(meta_d, dict) else None
+    if not isinstance(raw_names, list | tuple) or len(raw_names) != n_classes:
+        raise ValueError(f"{folder / meta}: expected {n_classes} class names under "
+                         f"{names_key!r}, got {len(raw_names) if raw_names is not None else 'none'}")
+    names = tuple(n.decode() if isinstance(n, bytes) else str(n) for n in raw_names)
     return RawDataset(name, "images", ArrayImages(xtr), ytr, ArrayImages(xte), yte, names,
                     _fingerprint(name, (xtr, ytr, xte, yte)), meta={"path": str(folder)})
 

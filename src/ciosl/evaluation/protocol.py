@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -62,8 +63,8 @@ def offline_accuracy(fs: FeatureSet, ordering: Ordering, t: int, settings: Offli
     key = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:32]
     path = (cache_dir or cache_root()) / "offline" / f"{key}.json"
     cached = read_json(path)
-    if isinstance(cached, dict) and cached.get("ident") == ident:
-        return float(cached["accuracy"])
+    if valid_offline_entry(cached, ident):
+        return float(cached["accuracy"])  # else missing, stale, edited or damaged: recompute
 
     seen = ordering.seen(t)
     classes, yi = np.unique(fs.train_y[seen], return_inverse=True)
@@ -74,8 +75,24 @@ def offline_accuracy(fs: FeatureSet, ordering: Ordering, t: int, settings: Offli
     mask = ordering.test_mask(fs.test_y, t)
     pred = classes[net.predict_proba(fs.test_z[mask]).argmax(axis=1)]
     acc = accuracy(pred, fs.test_y[mask])
-    atomic_write_json(path, {"ident": ident, "accuracy": acc})
+    atomic_write_json(path, {"ident": ident, "accuracy": acc,
+                             "sha256": offline_digest(ident, acc)})
     return acc
+
+
+def offline_digest(ident: dict, accuracy: float) -> str:
+    """The checksum of an offline-reference cache entry (as feature cache entries carry)."""
+    text = json.dumps({"ident": ident, "accuracy": accuracy}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def valid_offline_entry(entry: Any, ident: dict) -> bool:
+    """A cache entry for ``ident`` whose accuracy is a number in [0, 1] matching its checksum."""
+    if not (isinstance(entry, dict) and entry.get("ident") == ident):
+        return False
+    acc = entry.get("accuracy")
+    return (isinstance(acc, int | float) and not isinstance(acc, bool) and 0.0 <= acc <= 1.0
+            and entry.get("sha256") == offline_digest(ident, acc))
 
 
 StreamState = dict  # run_stream's resumable state, see run_stream
