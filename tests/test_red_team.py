@@ -603,3 +603,122 @@ def test_dataset_loaders_check_counts_shapes_and_labels(setup, fragment, tmp_pat
     assert fragment in line
     assert not (tmp_path / "cache" / "features").exists() or not any(
         (tmp_path / "cache" / "features").iterdir())
+
+
+# ---------------------------------------------------------------------------- hangs, leaks, bombs
+
+
+def descendants(pid: int) -> list[int]:
+    out, stack = [], [pid]
+    while stack:
+        for children in Path(f"/proc/{stack.pop()}/task").glob("*/children"):
+            try:
+                kids = [int(k) for k in children.read_text().split()]
+            except OSError:
+                continue
+            out += kids
+            stack += kids
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGKILL"])
+def test_no_worker_survives_its_sweep_driver(sig, tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    grid = tmp_path / "g.toml"
+    grid.write_text(f'out = "{tmp_path}/out"\ncache = "{tmp_path}/cache"\n'
+                    'datasets = ["digits"]\norderings = ["class_iid"]\nmethods = ["ciosl"]\n'
+                    'runs = 6\nlimit_per_class = 150\n')
+    env = {**os.environ, "PYTHONPATH": str(Path(experiment.__file__).parents[2])}
+    driver = subprocess.Popen([sys.executable, "-m", "ciosl", "sweep", str(grid), "--workers",
+                               "2"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    workers: list[int] = []
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline and driver.poll() is None:
+            workers = [p for p in descendants(driver.pid) if alive(p)]
+            if len(workers) >= 2 and list((tmp_path / "cache").glob("offline/*.json")):
+                break  # the workers are up and computing
+            time.sleep(0.5)
+        assert driver.poll() is None and len(workers) >= 2, driver.communicate()
+        os.kill(driver.pid, getattr(signal, sig))
+        driver.wait(timeout=60)
+        deadline = time.time() + 30
+        while time.time() < deadline and any(alive(p) for p in workers):
+            time.sleep(0.5)
+        assert not [p for p in workers if alive(p)]
+        if sig == "SIGTERM":  # handled as Ctrl-C: one line, finished runs kept
+            err = driver.stderr.read().decode()
+            assert driver.returncode == 130 and "Traceback" not in err, err
+            assert "interrupted: finished runs are saved" in err
+    finally:  # whatever happened, leave no process of this test behind
+        for p in [driver.pid, *descendants(driver.pid), *workers]:
+            if alive(p):
+                os.kill(p, signal.SIGKILL)
+
+
+def test_dry_run_of_a_huge_grid_is_refused_at_once(tmp_path, capsys):
+    import time
+
+    path = grid_file(tmp_path, 'methods = ["ncm"]\nruns = 100000000')
+    started = time.time()
+    line = one_line_error(*cli(capsys, ["sweep", path, "--dry-run"]))
+    assert "runs: at most 10000 runs per cell, got 100000000" in line
+    line = one_line_error(*cli(capsys, run_args(tmp_path, "--runs", "100000000")))
+    assert "--runs: at most 10000 runs per cell, got 100000000" in line
+    assert time.time() - started < 10
+    # the largest grid allowed lists its cells at once
+    path = grid_file(tmp_path, 'methods = ["ncm", "slda"]\nruns = 10000')
+    started = time.time()
+    assert main(["sweep", path, "--dry-run"]) == 0
+    assert time.time() - started < 10 and "0/10000" in capsys.readouterr().out
+
+
+def zip_bomb(inner: str) -> bytes:
+    import io
+    import zipfile
+
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_DEFLATED) as z:
+        z.writestr(inner, bytes(80 << 20))  # 80 MB of zeros: ~80 KB deflated
+    return buf.getvalue()
+
+
+BOMB_CASES = [
+    ("npz-inflating-1000x", lambda t: features_file(t, zip_bomb("train_z.npy")),
+     "would inflate to 83886080 bytes (over 50 times the file's size): refused as a zip bomb"),
+    ("cifar-bytes-of-a-size", lambda t: cifar_with(t, lambda f: (f / "data_batch_1").write_bytes(
+        b"\x80\x02cbuiltins\nbytes\nJ\x00\x10\x00\x00\x85R.")),
+     "data_batch_1: not a readable CIFAR pickle (UnpicklingError: refused bytes(4096)"),
+]
+
+
+@pytest.mark.parametrize(("setup", "fragment"), [c[1:] for c in BOMB_CASES],
+                         ids=[c[0] for c in BOMB_CASES])
+def test_memory_bombs_are_refused_before_allocating(setup, fragment, tmp_path, capsys):
+    line = one_line_error(*cli(capsys, setup(tmp_path)))
+    assert fragment in line
+
+
+def test_learner_file_bomb_is_refused_before_inflating(tmp_path, monkeypatch):
+    import torch
+
+    import ciosl
+
+    path = tmp_path / "bomb.ciosl"
+    path.write_bytes(zip_bomb("bomb/data.pkl"))
+    monkeypatch.setattr(torch, "load", fail_with(AssertionError("inflated")))
+    with pytest.raises(ValueError, match="refused as a zip bomb"):
+        ciosl.Learner.load(path)

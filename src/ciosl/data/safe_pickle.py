@@ -39,6 +39,23 @@ for _mod in ("builtins", "__builtin__"):  # __builtin__: Python 2 pickles (the C
 _ALLOWED[("__builtin__", "unicode")] = str
 
 
+def _no_size(make: type) -> Any:
+    """``bytes`` / ``bytearray`` without the ``bytes(n)`` form: a 60-byte pickle calling
+    ``bytes(6_000_000_000)`` would allocate 6 GB; real pickles pass data, never a size."""
+    def build(*args: Any) -> Any:
+        if args and isinstance(args[0], int):
+            raise pickle.UnpicklingError(
+                f"refused {make.__name__}({args[0]}): a pickle asking for a buffer of a given "
+                "size (a memory bomb, not a CIFAR batch)")
+        return make(*args)
+    return build
+
+
+for _mod in ("builtins", "__builtin__"):
+    for _make in (bytes, bytearray):
+        _ALLOWED[(_mod, _make.__name__)] = _no_size(_make)
+
+
 class BadPickleError(pickle.UnpicklingError, ValueError):
     """A pickle that was refused or could not be read; the message names the file."""
 

@@ -81,7 +81,10 @@ def load_checkpoint(path: str | Path, ident: str) -> dict[str, Any] | None:
     path = Path(path)
     if not path.exists():
         return None
+    from ciosl.data.archive import check_zip
+
     try:
+        check_zip(path, "ciosl checkpoint")  # sizes checked before anything inflates
         ck = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # truncated, corrupt, or not a torch file at all
         raise ValueError(f"checkpoint {path} is unreadable ({type(e).__name__}: {e}); delete it "

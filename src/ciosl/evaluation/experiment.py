@@ -67,8 +67,13 @@ class ExperimentSpec:
     omega_events: str = "after_base"  # Omega_all over the events after base init, or "all"
 
 
+MAX_RUNS = 10_000  # runs per cell: far beyond any protocol, and a bound on what is allocated
+
+
 def check_seeds(seeds: Sequence[int], flag: str = "--seeds") -> list[int]:
     """Distinct integers >= 0: a repeated seed repeats the same run and fakes a std of 0."""
+    if len(seeds) > MAX_RUNS:
+        raise ValueError(f"{flag}: at most {MAX_RUNS} runs per cell, got {len(seeds)}")
     seeds = list(seeds)
     if not seeds:
         raise ValueError(f"{flag}: no runs requested")
@@ -89,6 +94,8 @@ def choose_seeds(runs: int | None, seeds: Sequence[int] | None,
     if runs is not None:
         if runs < 1:
             raise ValueError(f"--runs must be >= 1, got {runs}")
+        if runs > MAX_RUNS:
+            raise ValueError(f"--runs: at most {MAX_RUNS} runs per cell, got {runs}")
         return list(range(runs))
     if seeds is not None:
         return check_seeds(seeds)

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ciosl.evaluation.experiment import ExperimentSpec, result_path, validate
+from ciosl.evaluation.experiment import MAX_RUNS, ExperimentSpec, result_path, validate
 from ciosl.evaluation.metrics import OMEGA_EVENTS, check_omega_events
 from ciosl.learners.base import Setting, get_method
 
@@ -277,8 +277,12 @@ class _Parser:
                                 f"{seeds!r}")
             if len(set(seeds)) != len(seeds):
                 raise self.fail("seeds", f"lists a seed twice: {seeds!r}")
+            if len(seeds) > MAX_RUNS:
+                raise self.fail("seeds", f"at most {MAX_RUNS} runs per cell, got {len(seeds)}")
             return list(seeds)
         runs = self.positive("runs")
+        if runs is not None and runs > MAX_RUNS:
+            raise self.fail("runs", f"at most {MAX_RUNS} runs per cell, got {runs}")
         return list(range(runs if runs is not None else 3))
 
     def dataset_orderings(self) -> list[tuple[str, str, str]]:

@@ -27,12 +27,15 @@ leave one complete file.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import heapq
 import json
 import multiprocessing
 import os
 import re
+import signal
+import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Iterable
@@ -224,10 +227,38 @@ def execute(kind: str, exp: ExperimentSpec, seed: int) -> dict:
     return out
 
 
-def _init_local_worker() -> None:
+def _init_local_worker(driver: int | None = None) -> None:
     import torch
 
     torch.set_num_threads(1)
+    if driver is not None:
+        threading.Thread(target=_watch_driver, args=(driver,), daemon=True).start()
+
+
+def _watch_driver(driver: int, every: float = 1.0) -> None:
+    """In a worker: exit as soon as the driver is gone (killed with SIGKILL, say), instead of
+    idling on, orphaned, with a few hundred MB."""
+    while os.getppid() == driver:
+        time.sleep(every)
+    os._exit(1)
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt():
+    """SIGTERM handled like Ctrl-C (KeyboardInterrupt) inside the block: the sweep stops its
+    workers and keeps every finished run. Only the main thread can set handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 class _Local:
@@ -241,7 +272,8 @@ class _Local:
                 os.environ[k] = "1"
         self.pool = ProcessPoolExecutor(max_workers=workers,
                                         mp_context=multiprocessing.get_context("spawn"),
-                                        initializer=_init_local_worker)
+                                        initializer=_init_local_worker,
+                                        initargs=(os.getpid(),))
 
     def submit(self, *args: Any) -> Any:
         return self.pool.submit(execute, *args)
@@ -256,6 +288,9 @@ class _Local:
         return out
 
     def close(self, cancel: bool, pending: list) -> None:
+        if cancel:  # interrupted: stop the runs in progress too, not only the queued ones
+            for process in list((getattr(self.pool, "_processes", None) or {}).values()):
+                process.terminate()
         self.pool.shutdown(wait=True, cancel_futures=cancel)
         for k, v in self._env.items():
             if v is None:
@@ -371,7 +406,8 @@ def run_sweep(grid: Grid, *, executor: str = "local", workers: int | None = None
     if monitor is not None:
         monitor.update(status)
     if streams:
-        _drive(grid, out, streams, status, summary, executor, workers, address, monitor)
+        with sigterm_as_interrupt():
+            _drive(grid, out, streams, status, summary, executor, workers, address, monitor)
     summary.wall_seconds = time.time() - started
     if monitor is not None:
         monitor.update(status)
@@ -480,8 +516,18 @@ def _eta(status: Status, workers: int, run_seconds: list[float], offline_seconds
 
 
 def plan(grid: Grid) -> list[tuple[Cell, list[int]]]:
-    """(cell, seeds with a run file) for every cell, without loading any data (--dry-run)."""
-    return [(cell, [s for s in grid.seeds if run_file(grid.out, cell, s).is_file()])
-            for cell in grid.cells]
+    """(cell, seeds with a run file) for every cell, without loading any data (--dry-run):
+    one listing of each cell's run folder, whatever the number of seeds."""
+    seeds = set(grid.seeds)
+    out = []
+    for cell in grid.cells:
+        folder = Path(grid.out) / "runs" / cell.id
+        names = [p.name for p in folder.glob("seed-*.json")] if folder.is_dir() else []
+        found = {int(m.group(1)) for m in map(_SEED_FILE.fullmatch, names) if m}
+        out.append((cell, sorted(found & seeds)))
+    return out
+
+
+_SEED_FILE = re.compile(r"seed-(\d+)\.json")
 
 
