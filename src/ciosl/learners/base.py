@@ -7,7 +7,8 @@ A learner (river / scikit-learn conventions):
 - ``fit_base(Z, y)`` once (offline base initialization), then ``learn_one(z, y)`` per sample;
   a label never seen before is accepted at any time and the output grows;
 - ``predict_proba(Z) -> (n, n_seen_classes)`` with columns in ``classes_`` order (order of
-  first appearance), ``predict(Z)`` the argmax label;
+  first appearance), ``predict(Z)`` the argmax label; ``predict_proba_one(z) -> {label: p}``
+  and ``predict_one(z)`` for one sample (river's names);
 - ``state_dict()`` / ``load_state_dict()``, ``clone()`` an untrained twin.
 
 Subclasses implement ``_init_state(dim)``, ``_add_class()``, ``_fit_base(Z, yi)``,
@@ -66,6 +67,9 @@ def get_method(name: str) -> type[Learner]:
 
 
 def make_learner(name: str, **settings: Any) -> Learner:
+    """A new, untrained learner of method ``name`` (see ``available_methods()`` or
+    ``ciosl methods``) with the given settings, e.g. ``make_learner("ciosl", buffer=500)``;
+    settings left out take the method's defaults."""
     return get_method(name)(**settings)
 
 
@@ -434,6 +438,20 @@ class Learner:
         return np.asarray(self.classes_, dtype=object)[P.argmax(axis=1)].astype(
             np.asarray(self.classes_).dtype
         )
+
+    def predict_proba_one(self, z) -> dict:
+        """Probabilities for one sample (z of shape (d,) or (1, d)) as ``{label: p}``, labels in
+        ``classes_`` order (river's convention)."""
+        Z = self._check_Z(z, where="predict_proba_one")
+        if Z.shape[0] != 1:
+            raise ValueError(f"predict_proba_one: expects one sample, got {Z.shape[0]}")
+        P = self.predict_proba(Z)[0]
+        return {label: float(p) for label, p in zip(self.classes_, P, strict=True)}
+
+    def predict_one(self, z) -> Any:
+        """The most probable label for one sample (z of shape (d,) or (1, d))."""
+        proba = self.predict_proba_one(z)
+        return max(proba, key=proba.__getitem__)
 
     def score(self, Z, y) -> float:
         """Accuracy; test labels never seen in training count as wrong."""
