@@ -259,7 +259,13 @@ def test_cli_lists_datasets_and_methods(capsys):
         assert name in text
     assert main(["methods"]) == 0
     text = capsys.readouterr().out
-    assert "slda" in text and "shrinkage" in text
+    assert "slda" in text and "shrinkage" in text and "ciosl" in text
+    assert len(text.splitlines()) < 150  # one line or so per method, not every setting's help
+    assert main(["methods", "ciosl", "slda"]) == 0
+    text = capsys.readouterr().out
+    assert "lambda2" in text and "0.3" in text and "shrinkage" in text and "ncm" not in text
+    assert main(["methods", "nope"]) == 2
+    assert "unknown method 'nope'" in capsys.readouterr().err
 
 
 def test_cli_features_builds_the_cache(tmp_path, capsys):

@@ -69,7 +69,10 @@ def build_parser() -> argparse.ArgumentParser:
                      "one-sample steps are fastest single-threaded; run seeds in parallel instead)")
 
     sub.add_parser("datasets", help="list datasets, whether each is present, how to get it")
-    sub.add_parser("methods", help="list methods with their settings and defaults")
+    methods = sub.add_parser("methods", help="list the methods; with NAME, every setting of "
+                             "those methods with its default and meaning")
+    methods.add_argument("names", nargs="*", metavar="NAME",
+                         help="method name or package.module:Class (default: list all, briefly)")
 
     feat = sub.add_parser("features", help="compute and cache a dataset's features")
     feat.add_argument("--dataset", required=True)
@@ -123,9 +126,13 @@ def main(argv: list[str] | None = None) -> int:
 
             out.print_datasets(dataset_status())
         elif args.command == "methods":
-            from ciosl.learners import available_methods
+            from ciosl.learners import available_methods, get_method
 
-            out.print_methods(available_methods())
+            if args.names:
+                out.print_methods({get_method(n).name: get_method(n) for n in args.names},
+                                  detailed=True)
+            else:
+                out.print_methods(available_methods())
         elif args.command == "features":
             from ciosl.data.features import get_features
 

@@ -16,7 +16,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from ciosl.learners.base import Learner, available_methods
+from ciosl.learners.base import Learner, available_methods, register
 
 DIM, N_CLASSES = 20, 5
 INT_LABELS = [7, 3, 11, 0, 5]  # not 0..K-1, so a learner cannot confuse labels and indices
@@ -314,11 +314,14 @@ def check_learner(cls: type[Learner], settings: list[dict] | None = None) -> lis
     """Run the conformance suite on a learner class (one defined outside ciosl included).
 
     Every check in ``CHECKS`` runs with the default settings and with each dict in ``settings``
-    (default: the class's ``conformance_settings``). Raises ``AssertionError`` naming the first
-    failing check and settings; returns the names of the checks passed.
+    (default: the class's ``conformance_settings``). The class is registered under its ``name``
+    first (``Learner.load`` finds a saved learner's class by name). Raises ``AssertionError``
+    naming the first failing check and settings; returns the names of the checks passed.
     """
     if not (isinstance(cls, type) and issubclass(cls, Learner)):
         raise TypeError(f"check_learner expects a subclass of ciosl.Learner, got {cls!r}")
+    available_methods()
+    register(cls)
     extra = getattr(cls, "conformance_settings", []) if settings is None else settings
     passed = []
     for case in [{}, *extra]:

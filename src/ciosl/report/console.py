@@ -107,7 +107,20 @@ def print_datasets(rows) -> None:
         console.print(f"[bold]{spec.name}[/]: {text}", highlight=False)
 
 
-def print_methods(methods) -> None:
+def print_methods(methods, detailed: bool = False) -> None:
+    """One line per method (its settings by name), or with ``detailed`` every setting with its
+    default and meaning (``ciosl methods NAME``)."""
+    if not detailed:
+        table = Table(title="methods (`ciosl methods NAME` for the settings, defaults and "
+                      "meanings of one)", title_justify="left")
+        for col in ("method", "what", "settings (--set NAME=VALUE)"):
+            table.add_column(col, overflow="fold")
+        for name, cls in methods.items():
+            flag = " [red](violates single pass)[/]" if cls.violates_single_pass else ""
+            table.add_row(f"[bold]{name}[/]", cls.description + flag,
+                          ", ".join(s.name for s in cls.settings() if s.name != "seed"))
+        console.print(table)
+        return
     table = Table(title="methods (set with --set NAME=VALUE)", title_justify="left")
     for col in ("method", "setting", "default", "meaning"):
         table.add_column(col, overflow="fold")
