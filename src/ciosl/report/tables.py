@@ -4,7 +4,8 @@
   over runs, the best single-pass streaming method of each column in bold, methods that violate
   single pass marked with a dagger, and the offline learner's mean accuracy (Offline-hat).
 - ``final_table``: the same layout with the test accuracy after the whole stream (the offline
-  learner's last, too); ``cost_table``: samples learned per second and learner state size.
+  learner's last, too); ``continual_table``: average forgetting and backward transfer;
+  ``cost_table``: samples learned per second and learner state size.
 - ``sampling_table``: memory replacement x sample selection (the paper's Table 4).
 - ``setting_tables``: one table per setting varied alone (lambda2, buffer, ...): Omega_all as a
   function of that setting (lambda2 also crossed with selection/replacement, as in the paper).
@@ -53,8 +54,13 @@ class Table:
         return self.stub + [f"{g} · {lab}" if g else lab for g, lab in self.columns]
 
 
+def mean_pm(mean: float, std: float, n_runs: int, digits: int = 4) -> str:
+    """``mean ± std``; a single run has no spread to show: its value alone."""
+    return f"{mean:.{digits}f}" + (f" ± {std:.{digits}f}" if n_runs > 1 else "")
+
+
 def fmt(entry: Entry | None) -> str:
-    return MISSING if entry is None else f"{entry.mean:.4f} ± {entry.std:.4f}"
+    return MISSING if entry is None else mean_pm(entry.mean, entry.std, entry.n_runs)
 
 
 def _bold_best(table: Table, cells: list[list[Entry | None]], eligible,
@@ -173,8 +179,9 @@ def final_table(entries: list[Entry]) -> Table | None:
     table = Table("final", "Final accuracy (%)", ["Method"],
                   [(c.ordering.replace("_", "-"), c.label) for c in columns])
     _method_rows(table, rows, grid)
-    for cells, row in zip(table.rows, values, strict=True):
-        cells += [MISSING if v is None else f"{v[0]:.2f} ± {v[1]:.2f}" for v in row]
+    for cells, row, grid_row in zip(table.rows, values, grid, strict=True):
+        cells += [MISSING if v is None else mean_pm(*v, e.n_runs, 2)
+                  for v, e in zip(row, grid_row, strict=True)]
     _bold_best(table, grid, lambda e: _final(e) is not None and _streaming_single_pass(e),
                value=lambda e: _final(e)[0], digits=2)  # as in Table 2
     offline = []
@@ -188,6 +195,39 @@ def final_table(entries: list[Entry]) -> Table | None:
                    "the offline learner trained on every sample at the same event. "
                    "Bold: the best single-pass streaming method of the column.",
                    *_fixed_note(chosen)]
+    return table
+
+
+def _summary(e: Entry | None, key: str) -> tuple[float, float] | None:
+    value = e.data.get(key) if e is not None else None
+    if not (isinstance(value, dict) and isinstance(value.get("mean"), int | float)):
+        return None
+    return float(value["mean"]), float(value.get("std") or 0.0)
+
+
+def continual_table(entries: list[Entry]) -> Table | None:
+    """Average forgetting and backward transfer per method and column (results written before
+    ciosl recorded them show –)."""
+    chosen, columns, rows, grid = _main_cells(entries)
+    if not chosen:
+        return None
+    table = Table("continual", "Forgetting and backward transfer", ["Method"],
+                  [(f"{c.ordering.replace('_', '-')} · {c.label}", what) for c in columns
+                   for what in ("forgetting", "BWT")])
+    _method_rows(table, rows, grid)
+    for cells, row in zip(table.rows, grid, strict=True):
+        for e in row:
+            for key in ("forgetting", "backward_transfer"):
+                v = _summary(e, key)
+                cells.append(MISSING if v is None else mean_pm(*v, e.n_runs))
+    table.notes = [
+        "Over the class steps learned before the last testing event (class orderings), or "
+        "every class (iid and instance orderings), from the accuracy matrix: forgetting is "
+        "the mean of (best accuracy before the last event − last accuracy) (Chaudhry et al. "
+        "2018), BWT the mean of (last accuracy − accuracy when first tested) (Lopez-Paz & "
+        "Ranzato 2017); mean ± std over runs. Lower forgetting, higher BWT is better.",
+        f"{MISSING}: not run, or a result written before ciosl recorded per-class accuracies.",
+        *_fixed_note(chosen)]
     return table
 
 
@@ -380,6 +420,7 @@ def other_table(entries: list[Entry], used: set[int]) -> Table | None:
 def build_tables(entries: list[Entry]) -> list[Table]:
     used: set[int] = set()
     tables = [main_table(entries), final_table(entries), cost_table(entries),
+              continual_table(entries),
               sampling_table(entries, used),
               *setting_tables(entries, used), regime_table(entries),
               other_table(entries, used)]
