@@ -241,7 +241,8 @@ def test_ablation_tables(html_report):
     by_kind = {}
     for t in html_report.tables:
         by_kind.setdefault(t.kind, []).append(t)
-    assert [t.kind for t in html_report.tables] == ["main", "final", "cost", "continual", "sampling",
+    assert [t.kind for t in html_report.tables] == ["main", "final", "cost", "continual",
+                                                    "classes", "classes", "sampling",
                                                     "setting", "setting", "regimes", "other"]
     sampling = rows(by_kind["sampling"][0])
     assert list(sampling) == ["LAWCBR / Uniform", "LAWCBR / UAPN", "LAWCBR / LAPN",
@@ -355,6 +356,10 @@ def test_forgetting_table_heatmap_single_runs_and_older_results(template, tmp_pa
     older = json.loads(fake(template, tmp_path, "slda", "class_iid", 0.7).read_text())
     for key in ("forgetting", "backward_transfer", "accuracy_matrix"):
         older.pop(key)
+    for run in older["runs"]:
+        for key in ("class_counts", "matrix_columns", "accuracy_matrix", "forgetting",
+                    "backward_transfer", "final_class_accuracy"):
+            run.pop(key)
     (tmp_path / "class_iid_slda.json").write_text(json.dumps(older))
     single = json.loads(fake(template, tmp_path, "tinyer", "class_iid", 0.9).read_text())
     single.update(runs=single["runs"][:1], seeds=single["seeds"][:1])
@@ -370,6 +375,11 @@ def test_forgetting_table_heatmap_single_runs_and_older_results(template, tmp_pa
     assert table[f"TinyER{CLIP}"] == [f"{f['mean']:.4f}", f"{b['mean']:.4f}"]  # one run
     main = rows(next(t for t in report.tables if t.kind == "main"))
     assert "±" not in main[f"TinyER{CLIP}"][0] and "±" in main["NCM"][0]
+    classes = rows(next(t for t in report.tables if t.kind == "classes"))
+    per_class = [sum(r["final_class_accuracy"][str(c)] for r in template["runs"]) / 2
+                 for c in range(10)]
+    assert classes["NCM"] == [f"{100 * a:.1f}" for a in per_class]
+    assert classes["Deep SLDA"] == ["–"] * 10  # that result predates per-class accuracies
     heatmap = [f for f in report.figures if f.title.startswith("Accuracy matrix")]
     assert len(heatmap) == 1 and heatmap[0].png[:4] == b"\x89PNG"
     assert "Forgetting and backward transfer" in (tmp_path / "out" / "report.md").read_text()

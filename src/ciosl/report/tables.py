@@ -231,6 +231,39 @@ def continual_table(entries: list[Entry]) -> Table | None:
     return table
 
 
+def _class_accuracy(e: Entry | None) -> dict[str, float] | None:
+    """Mean over runs of each class's accuracy at the end (None if a run lacks it)."""
+    runs = e.data["runs"] if e is not None else []
+    per = [r.get("final_class_accuracy") for r in runs]
+    if not per or any(not isinstance(p, dict) or not p for p in per):
+        return None
+    return {c: sum(p.get(c, 0.0) for p in per) / len(per) for c in per[0]}
+
+
+def class_tables(entries: list[Entry]) -> list[Table]:
+    """Per (ordering, dataset) column: each method's accuracy (%) on each class at the end."""
+    chosen, columns, rows, grid = _main_cells(entries)
+    tables = []
+    for j, column in enumerate(columns):
+        values = [_class_accuracy(row[j]) for row in grid]
+        labels = sorted({c for v in values if v for c in v},
+                        key=lambda c: (0, int(c), c) if c.lstrip("-").isdigit() else (1, 0, c))
+        if not labels:
+            continue
+        table = Table("classes", f"Accuracy per class at the end (%): {column.title}",
+                      ["Method"], [("class", c) for c in labels])
+        kept = [(r, g, v) for r, g, v in zip(rows, grid, values, strict=True)
+                if g[j] is not None]
+        _method_rows(table, [r for r, _, _ in kept], [[g[j]] for _, g, _ in kept])
+        for cells, (_, _, v) in zip(table.rows, kept, strict=True):
+            cells += [MISSING if v is None or c not in v else f"{100 * v[c]:.1f}"
+                      for c in labels]
+        table.notes = ["Test accuracy on each class's samples at the last testing event, mean "
+                       f"over runs. {MISSING}: a result written before ciosl recorded it."]
+        tables.append(table)
+    return tables
+
+
 def cost_table(entries: list[Entry]) -> Table | None:
     """Per method and dataset: stream samples learned per second (median over the dataset's
     orderings and runs) and the largest serialised learner state (MiB) at a testing event."""
@@ -420,7 +453,7 @@ def other_table(entries: list[Entry], used: set[int]) -> Table | None:
 def build_tables(entries: list[Entry]) -> list[Table]:
     used: set[int] = set()
     tables = [main_table(entries), final_table(entries), cost_table(entries),
-              continual_table(entries),
+              continual_table(entries), *class_tables(entries),
               sampling_table(entries, used),
               *setting_tables(entries, used), regime_table(entries),
               other_table(entries, used)]
