@@ -1,6 +1,6 @@
 # `make demo`: install and run the main job on the built-in digits data: a sweep of CIOSL against
 #   the baselines (configs/demo-digits.toml), then the report (results/demo-digits/report.md).
-# `make test`: install and run the test suite.
+# `make test`: install and run the test suite; `make lint`: ruff on the whole repository.
 PYTHON ?= python3
 PIP = $(PYTHON) -m pip
 
@@ -31,4 +31,4 @@ test: install data
 	$(PYTHON) -m pytest
 
 lint:
-	ruff check src tests
+	$(PYTHON) -m ruff check .

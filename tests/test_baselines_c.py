@@ -11,13 +11,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from ciosl.conformance import blobs
 from ciosl.learners import make_learner
 from ciosl.learners.ciosl import BayesHead
 from ciosl.learners.coreset_only import CoresetOnly
 from ciosl.learners.ewc import EWC
 from ciosl.learners.vcl import VCL
 from ciosl.learners.vcl_coreset import VCLCoreset
-from conformance import blobs
 
 
 def class_by_class(classes, n_per_class, seed):

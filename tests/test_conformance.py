@@ -2,7 +2,7 @@
 
 import pytest
 
-from conformance import CHECKS, case_id, cases
+from ciosl.conformance import CHECKS, case_id, cases
 
 
 @pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__.removeprefix("check_"))

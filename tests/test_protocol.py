@@ -259,7 +259,13 @@ def test_cli_lists_datasets_and_methods(capsys):
         assert name in text
     assert main(["methods"]) == 0
     text = capsys.readouterr().out
-    assert "slda" in text and "shrinkage" in text
+    assert "slda" in text and "shrinkage" in text and "ciosl" in text
+    assert len(text.splitlines()) < 150  # one line or so per method, not every setting's help
+    assert main(["methods", "ciosl", "slda"]) == 0
+    text = capsys.readouterr().out
+    assert "lambda2" in text and "0.3" in text and "shrinkage" in text and "ncm" not in text
+    assert main(["methods", "nope"]) == 2
+    assert "unknown method 'nope'" in capsys.readouterr().err
 
 
 def test_cli_features_builds_the_cache(tmp_path, capsys):
@@ -270,3 +276,41 @@ def test_cli_features_builds_the_cache(tmp_path, capsys):
     assert len(entries) == 1
     assert main(["features", "--dataset", "digits", "--extractor", "resnet"]) == 2
     assert "valid choices" in capsys.readouterr().err
+
+
+def test_cli_help_gives_every_option_a_meaning_and_its_default():
+    import argparse
+
+    from ciosl.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    assert set(sub.choices) == {"run", "datasets", "methods", "features", "sweep", "report"}
+    for name, p in sub.choices.items():
+        text = " ".join(p.format_help().split())
+        for action in p._actions:
+            if not action.option_strings or action.dest == "help":
+                continue
+            assert action.help, (name, action.dest)
+            shown = " ".join(p._get_formatter()._get_help_string(action).split())
+            assert "default" in shown or "required" in shown, (name, action.dest, shown)
+        if name == "run":
+            assert "(default: class_iid)" in text and "(default: digits)" in text
+
+
+def test_public_api_is_listed_and_documented():
+    import ciosl
+
+    for name in ("Learner", "available_methods", "check_learner", "make_learner", "register"):
+        assert name in dir(ciosl) and getattr(ciosl, name).__doc__, name
+    assert "make_learner(" in ciosl.__doc__
+
+
+def test_features_file_shows_precomputed_features_not_none(tmp_path, capsys):
+    rng = np.random.default_rng(0)
+    path = tmp_path / "f.npz"
+    np.savez(path, train_z=rng.normal(size=(40, 3)), train_y=np.arange(40) % 4,
+             test_z=rng.normal(size=(8, 3)), test_y=np.arange(8) % 4)
+    assert main(["features", "--dataset", f"features:{path}", "--cache", str(tmp_path)]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "precomputed features" in out and "none" not in out.split("cache key")[0]

@@ -4,6 +4,7 @@ figures, and an HTML page that a real browser renders with every image loaded.""
 from __future__ import annotations
 
 import copy
+import io
 import json
 import os
 import shutil
@@ -240,7 +241,8 @@ def test_ablation_tables(html_report):
     by_kind = {}
     for t in html_report.tables:
         by_kind.setdefault(t.kind, []).append(t)
-    assert [t.kind for t in html_report.tables] == ["main", "final", "cost", "sampling",
+    assert [t.kind for t in html_report.tables] == ["main", "final", "cost", "continual",
+                                                    "classes", "classes", "sampling",
                                                     "setting", "setting", "regimes", "other"]
     sampling = rows(by_kind["sampling"][0])
     assert list(sampling) == ["LAWCBR / Uniform", "LAWCBR / UAPN", "LAWCBR / LAPN",
@@ -267,11 +269,14 @@ def test_ablation_tables(html_report):
 def test_figures_are_png_images(html_report):
     names = {Path(f.path).name for f in html_report.figures}
     assert names == {"accuracy_iid_digits-10-class.png", "accuracy_class_iid_digits-10-class.png",
-                     "omega_vs_lambda2.png", "omega_vs_buffer.png", "regimes.png"}
+                     "omega_vs_lambda2.png", "omega_vs_buffer.png", "regimes.png",
+                     "matrix_iid_digits-10-class.png", "matrix_class_iid_digits-10-class.png"}
     for f in html_report.figures:
-        assert Path(f.path).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-        height, width, _ = matplotlib.image.imread(f.path).shape
+        assert f.png[:8] == b"\x89PNG\r\n\x1a\n"
+        height, width, _ = matplotlib.image.imread(io.BytesIO(f.png)).shape
         assert height > 200 and width > 300
+    # self-contained: nothing but the HTML file is written
+    assert [p.name for p in Path(html_report.path).parent.iterdir()] == ["r.html"]
 
 
 def test_markdown_report_and_cli(results, capsys, tmp_path):
@@ -333,8 +338,48 @@ def test_shipped_reference_report_matches_its_results(tmp_path):
     shipped = (folder / "report.md").read_text()
     report = write_report(folder, fmt="md", out=tmp_path / "report.md")
     assert len(report.entries) == 14 * 6
-    for kind in ("main", "final", "cost"):
+    for kind in ("main", "final", "cost", "continual"):
         assert report.markdown(kind) in shipped, kind
+    # these results predate the per-class accuracies: every forgetting / BWT cell is "–"
+    continual = report.markdown("continual").splitlines()[2:]
+    assert continual and all(set(line.split(" | ")[1:]) <= {"–", "– |"} for line in continual)
+    assert not any("matrix" in f.title.lower() for f in report.figures)
     # Omega_all recomputed over the events after base init (the JSONs averaged every event)
     assert "| TinyER | **0.9758 ± 0.0038** |" in report.markdown("main")
     assert report.intro[1].startswith("84 of the results were written with the other definition")
+
+
+def test_forgetting_table_heatmap_single_runs_and_older_results(template, tmp_path):
+    """Forgetting / BWT come from each result; a result without them (an older ciosl) shows –;
+    a single-run cell shows its value without a made-up ± 0."""
+    fake(template, tmp_path, "ncm", "class_iid", 0.6)
+    older = json.loads(fake(template, tmp_path, "slda", "class_iid", 0.7).read_text())
+    for key in ("forgetting", "backward_transfer", "accuracy_matrix"):
+        older.pop(key)
+    for run in older["runs"]:
+        for key in ("class_counts", "matrix_columns", "accuracy_matrix", "forgetting",
+                    "backward_transfer", "final_class_accuracy"):
+            run.pop(key)
+    (tmp_path / "class_iid_slda.json").write_text(json.dumps(older))
+    single = json.loads(fake(template, tmp_path, "tinyer", "class_iid", 0.9).read_text())
+    single.update(runs=single["runs"][:1], seeds=single["seeds"][:1])
+    (tmp_path / "class_iid_tinyer.json").write_text(json.dumps(single))
+    report = write_report(tmp_path, fmt="md", out=tmp_path / "out" / "report.md")
+    table = rows(next(t for t in report.tables if t.kind == "continual"))
+    f, b = template["forgetting"], template["backward_transfer"]
+    run = template["runs"][0]  # a real run's JSON holds the matrix: events x class steps
+    assert len(run["accuracy_matrix"]) == len(run["events"]) == len(run["matrix_columns"])
+    assert sorted(run["final_class_accuracy"]) == [str(c) for c in range(10)]
+    assert table["NCM"] == [f"{f['mean']:.4f} ± {f['std']:.4f}", f"{b['mean']:.4f} ± {b['std']:.4f}"]
+    assert table["Deep SLDA"] == ["–", "–"]
+    assert table[f"TinyER{CLIP}"] == [f"{f['mean']:.4f}", f"{b['mean']:.4f}"]  # one run
+    main = rows(next(t for t in report.tables if t.kind == "main"))
+    assert "±" not in main[f"TinyER{CLIP}"][0] and "±" in main["NCM"][0]
+    classes = rows(next(t for t in report.tables if t.kind == "classes"))
+    per_class = [sum(r["final_class_accuracy"][str(c)] for r in template["runs"]) / 2
+                 for c in range(10)]
+    assert classes["NCM"] == [f"{100 * a:.1f}" for a in per_class]
+    assert classes["Deep SLDA"] == ["–"] * 10  # that result predates per-class accuracies
+    heatmap = [f for f in report.figures if f.title.startswith("Accuracy matrix")]
+    assert len(heatmap) == 1 and heatmap[0].png[:4] == b"\x89PNG"
+    assert "Forgetting and backward transfer" in (tmp_path / "out" / "report.md").read_text()

@@ -22,34 +22,59 @@ def _seeds(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"--seeds expects integers like 0,1,2, got {text!r}") from None
 
 
+class HelpFormatter(argparse.HelpFormatter):
+    """Every option's help ends with its default, unless the help already states it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if ("default" not in text and action.option_strings and action.nargs != 0
+                and not any(action.default is v for v in (None, False, argparse.SUPPRESS))):
+            text += " (default: %(default)s)"
+        return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ciosl", description="Class-incremental online streaming "
-                                "learning: learners, benchmark protocol, reports.")
+                                "learning: learners, benchmark protocol, reports.",
+                                formatter_class=HelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
+    _add_parser = sub.add_parser
+    sub.add_parser = lambda *a, **k: _add_parser(*a, formatter_class=HelpFormatter, **k)
 
     run = sub.add_parser("run", help="stream a dataset through a method and report Omega_all")
     run.add_argument("--dataset", default="digits", help="dataset name (see `ciosl datasets`) "
                      "or features:PATH.npz (default: digits)")
-    run.add_argument("--ordering", default="class_iid", choices=ORDERINGS)
-    run.add_argument("--method", required=True, help="method name (see `ciosl methods`)")
+    run.add_argument("--ordering", default="class_iid", choices=ORDERINGS,
+                     help="order of the stream: iid, class_iid (classes in steps), instance, "
+                     "class_instance (temporally ordered object instances; video datasets)")
+    run.add_argument("--method", required=True, help="method name (see `ciosl methods`) or "
+                     "package.module:Class for a learner defined elsewhere (required)")
     group = run.add_mutually_exclusive_group()
-    group.add_argument("--runs", type=int, default=None, help="number of runs (seeds 0..N-1)")
-    group.add_argument("--seeds", type=_seeds, default=None, help="explicit seeds, e.g. 0,1,2")
+    group.add_argument("--runs", type=int, default=None, help="number of runs, seeds 0..N-1 "
+                       "(default: 3 runs, seeds 0,1,2)")
+    group.add_argument("--seeds", type=_seeds, default=None, help="explicit seeds, e.g. 0,1,2 "
+                       "(default: see --runs)")
     run.add_argument("--extractor", default=None, help="pixels or mobilenet_v2 (default: the "
                      "dataset's)")
-    run.add_argument("--weights", default=None, help="MobileNetV2 ImageNet weights file")
-    run.add_argument("--buffer", type=int, default=None, help="replay buffer capacity")
+    run.add_argument("--weights", default=None, help="MobileNetV2 ImageNet weights file "
+                     "(default: torch.hub's download cache)")
+    run.add_argument("--buffer", type=int, default=None, help="replay buffer capacity "
+                     "(default: the dataset's, see `ciosl datasets`)")
     run.add_argument("--set", dest="settings", action="append", default=[],
-                     metavar="NAME=VALUE", help="a method setting (repeatable)")
+                     metavar="NAME=VALUE", help="a method setting, repeatable (default: the "
+                     "method's defaults, see `ciosl methods NAME`)")
     run.add_argument("--limit-per-class", type=int, default=None,
-                     help="keep at most N training samples per class (quick runs)")
+                     help="keep at most N training samples per class, for quick runs "
+                     "(default: all)")
     run.add_argument("--offline-epochs", type=int, default=None,
                      help="epochs of the offline reference learner (default: the dataset's)")
     run.add_argument("--out", default="results", help="folder for the result JSON")
     run.add_argument("--cache", default=None, help="cache folder (default $CIOSL_CACHE or "
                      "~/.cache/ciosl)")
-    run.add_argument("--data", default=None, help="dataset folder (overrides the search path)")
-    run.add_argument("--quiet", action="store_true", help="no per-event tables")
+    run.add_argument("--data", default=None, help="dataset folder (default: the search path, "
+                     "see `ciosl datasets`)")
+    run.add_argument("--quiet", action="store_true", help="no per-event tables (default: "
+                     "print them)")
     run.add_argument("--checkpoint-every", type=int, default=0, metavar="N",
                      help="write a crash-safe checkpoint every N streamed samples (next to the "
                      "result JSON; removed when the experiment completes)")
@@ -62,23 +87,34 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--epochs", type=int, default=5,
                      help="epochs per task of the batch regime (default 5)")
     run.add_argument("--resume", action="store_true",
-                     help="continue from the experiment's checkpoint, if there is one")
+                     help="continue from the experiment's checkpoint, if there is one "
+                     "(default: start afresh)")
     run.add_argument("--omega-events", choices=OMEGA_EVENTS, default="after_base",
                      help=OMEGA_HELP)
     run.add_argument("--threads", type=int, default=1, help="torch threads (default 1: "
                      "one-sample steps are fastest single-threaded; run seeds in parallel instead)")
 
     sub.add_parser("datasets", help="list datasets, whether each is present, how to get it")
-    sub.add_parser("methods", help="list methods with their settings and defaults")
+    methods = sub.add_parser("methods", help="list the methods; with NAME, every setting of "
+                             "those methods with its default and meaning")
+    methods.add_argument("names", nargs="*", metavar="NAME",
+                         help="method name or package.module:Class (default: list all, briefly)")
 
     feat = sub.add_parser("features", help="compute and cache a dataset's features")
-    feat.add_argument("--dataset", required=True)
-    feat.add_argument("--extractor", default=None)
-    feat.add_argument("--weights", default=None)
-    feat.add_argument("--cache", default=None)
-    feat.add_argument("--data", default=None)
-    feat.add_argument("--download", action="store_true", help="download the dataset if absent")
-    feat.add_argument("--rebuild", action="store_true", help="recompute even if cached")
+    feat.add_argument("--dataset", required=True, help="dataset name (see `ciosl datasets`) "
+                      "or features:PATH.npz (required)")
+    feat.add_argument("--extractor", default=None, help="pixels or mobilenet_v2 (default: the "
+                      "dataset's)")
+    feat.add_argument("--weights", default=None, help="MobileNetV2 ImageNet weights file "
+                      "(default: torch.hub's download cache)")
+    feat.add_argument("--cache", default=None, help="cache folder (default $CIOSL_CACHE or "
+                      "~/.cache/ciosl)")
+    feat.add_argument("--data", default=None, help="dataset folder (default: the search path, "
+                      "see `ciosl datasets`)")
+    feat.add_argument("--download", action="store_true", help="download the dataset if absent "
+                      "(default: never download)")
+    feat.add_argument("--rebuild", action="store_true", help="recompute even if cached "
+                      "(default: reuse the cache)")
 
     sweep = sub.add_parser("sweep", help="run every cell of an experiment grid (configs/*.toml), "
                            "resumable, on local processes or a Ray cluster")
@@ -94,16 +130,19 @@ def build_parser() -> argparse.ArgumentParser:
     runs = sweep.add_mutually_exclusive_group()
     runs.add_argument("--runs", type=int, default=None,
                       help="override the grid's runs (seeds 0..N-1); finished runs are reused "
-                      "by a later sweep with more")
-    runs.add_argument("--seeds", type=_seeds, default=None, help="override the grid's seeds")
+                      "by a later sweep with more (default: the grid's)")
+    runs.add_argument("--seeds", type=_seeds, default=None, help="override the grid's seeds "
+                      "(default: the grid's)")
     sweep.add_argument("--omega-events", choices=OMEGA_EVENTS, default=None,
-                       help="override the grid's omega_events: " + OMEGA_HELP)
+                       help="override the grid's omega_events (default: the grid's): "
+                       + OMEGA_HELP)
     sweep.add_argument("--dry-run", action="store_true",
-                       help="check the grid and list its cells; run nothing")
+                       help="check the grid and list its cells; run nothing (default: run)")
 
     report = sub.add_parser("report", help="tables and figures from a folder of result JSONs")
     report.add_argument("results", help="folder of result JSONs (searched recursively)")
-    report.add_argument("--format", choices=("md", "html"), default="md")
+    report.add_argument("--format", choices=("md", "html"), default="md",
+                        help="Markdown with a figures/ folder, or one self-contained HTML file")
     report.add_argument("--out", default=None,
                         help="report file (default: RESULTS/report.md or RESULTS/report.html)")
     report.add_argument("--omega-events", choices=OMEGA_EVENTS, default="after_base",
@@ -123,9 +162,13 @@ def main(argv: list[str] | None = None) -> int:
 
             out.print_datasets(dataset_status())
         elif args.command == "methods":
-            from ciosl.learners import available_methods
+            from ciosl.learners import available_methods, get_method
 
-            out.print_methods(available_methods())
+            if args.names:
+                out.print_methods({get_method(n).name: get_method(n) for n in args.names},
+                                  detailed=True)
+            else:
+                out.print_methods(available_methods())
         elif args.command == "features":
             from ciosl.data.features import get_features
 

@@ -30,7 +30,14 @@ from ciosl.evaluation.checkpoint import (
     remove_stale_temporaries,
     save_checkpoint,
 )
-from ciosl.evaluation.metrics import check_omega_events, mean_std, omega_all
+from ciosl.evaluation.metrics import (
+    check_omega_events,
+    continual_metrics,
+    mean_matrix,
+    mean_std,
+    omega_all,
+    summary,
+)
 from ciosl.evaluation.protocol import (
     OfflineSettings,
     Regime,
@@ -303,7 +310,8 @@ def aggregate(exp: ExperimentSpec, spec: DatasetSpec, cls: type[Learner],
     method, its defaults included, so a report never has to guess what a run used."""
     runs = [{**r, "omega_all": omega_all(r["accuracy"], r["accuracy_offline"],
                                          events=exp.omega_events),
-             "omega_events": exp.omega_events} for r in runs]
+             "omega_events": exp.omega_events,
+             **continual_metrics(r.get("class_counts"), r.get("matrix_columns"))} for r in runs]
     omega_mean, omega_std = mean_std([r["omega_all"] for r in runs])
     every = {s.name: s.default for s in cls.settings() if s.name != "seed"}
     final_mean, final_std = mean_std([r["accuracy"][-1] for r in runs])
@@ -327,6 +335,10 @@ def aggregate(exp: ExperimentSpec, spec: DatasetSpec, cls: type[Learner],
         "runs": runs,
         "omega_all": {"mean": omega_mean, "std": omega_std, "events": exp.omega_events},
         "final_accuracy": {"mean": final_mean, "std": final_std},
+        # continual-learning metrics (None when a run was recorded without per-class counts)
+        "forgetting": summary([r["forgetting"] for r in runs]),
+        "backward_transfer": summary([r["backward_transfer"] for r in runs]),
+        "accuracy_matrix": mean_matrix([r["accuracy_matrix"] for r in runs]),
         "samples_per_second": float(np.mean([r["samples_per_second"] for r in runs])),
         "predict_seconds": float(np.mean([r["predict_seconds"] for r in runs])),
         "peak_memory_bytes": int(max(r["peak_memory_bytes"] for r in runs)),

@@ -21,7 +21,7 @@ import torch
 
 from ciosl.data.orderings import Ordering
 from ciosl.data.types import FeatureSet
-from ciosl.evaluation.metrics import accuracy
+from ciosl.evaluation.metrics import accuracy, class_counts, matrix_columns
 from ciosl.fileio import atomic_write_json, cache_root, read_json
 from ciosl.learners.base import Learner
 from ciosl.learners.head import train_offline
@@ -167,12 +167,14 @@ def run_stream(learner: Learner, fs: FeatureSet, ordering: Ordering, *,
         t0 = time.perf_counter()
         learner.fit_base(Z[ordering.base], y[ordering.base])
         st: StreamState = {"position": 0, "accuracy": [], "n_test": [], "memory": [],
+                           "class_counts": [],
                            "base_seconds": time.perf_counter() - t0, "learn_seconds": 0.0,
                            "predict_seconds": 0.0}
     else:
         learner.load_state_dict(resume["learner"])
         st = {k: v for k, v in resume.items() if k != "learner"}
-        st = {**st, **{k: list(st[k]) for k in ("accuracy", "n_test", "memory")}}
+        st = {**st, **{k: list(st[k]) for k in ("accuracy", "n_test", "memory")},
+              "class_counts": list(st.get("class_counts", []))}  # absent: older checkpoints
 
     def evaluate_due() -> None:
         while len(st["accuracy"]) < len(events) and events[len(st["accuracy"])] == st["position"]:
@@ -180,7 +182,9 @@ def run_stream(learner: Learner, fs: FeatureSet, ordering: Ordering, *,
             mask = ordering.test_mask(fs.test_y, t)
             t0 = time.perf_counter()
             with torch.no_grad():
-                st["accuracy"].append(accuracy(learner.predict(fs.test_z[mask]), fs.test_y[mask]))
+                pred = learner.predict(fs.test_z[mask])
+            st["accuracy"].append(accuracy(pred, fs.test_y[mask]))
+            st["class_counts"].append(class_counts(pred, fs.test_y[mask]))
             st["predict_seconds"] += time.perf_counter() - t0  # includes retraining, if any
             st["n_test"].append(int(mask.sum()))
             st["memory"].append(learner.memory_bytes())
@@ -226,6 +230,10 @@ def run_stream(learner: Learner, fs: FeatureSet, ordering: Ordering, *,
         "events": events,
         "n_test": st["n_test"],
         "accuracy": st["accuracy"],
+        # per event {label: [correct, n]}; absent if a checkpoint of an older ciosl resumed
+        **({"class_counts": st["class_counts"],
+            "matrix_columns": matrix_columns(ordering.event_classes, range(fs.n_classes))}
+           if len(st["class_counts"]) == len(events) else {}),
         "n_base": len(ordering.base),
         "n_stream": n_stream,
         "base_seconds": st["base_seconds"],

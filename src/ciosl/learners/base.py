@@ -7,7 +7,8 @@ A learner (river / scikit-learn conventions):
 - ``fit_base(Z, y)`` once (offline base initialization), then ``learn_one(z, y)`` per sample;
   a label never seen before is accepted at any time and the output grows;
 - ``predict_proba(Z) -> (n, n_seen_classes)`` with columns in ``classes_`` order (order of
-  first appearance), ``predict(Z)`` the argmax label;
+  first appearance), ``predict(Z)`` the argmax label; ``predict_proba_one(z) -> {label: p}``
+  and ``predict_one(z)`` for one sample (river's names);
 - ``state_dict()`` / ``load_state_dict()``, ``clone()`` an untrained twin.
 
 Subclasses implement ``_init_state(dim)``, ``_add_class()``, ``_fit_base(Z, yi)``,
@@ -48,24 +49,90 @@ def register(cls: type[Learner]) -> type[Learner]:
     return cls
 
 
+ENTRY_POINT_GROUP = "ciosl.learners"  # third-party packages register learners here
+
+
 def _load_all() -> None:
-    # importing the package registers every method
+    # importing the package registers every built-in method; then the installed plugins
     import ciosl.learners  # noqa: F401
+
+    global _plugins_loaded
+    if _plugins_loaded:
+        return
+    _plugins_loaded = True
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            _register_external(ep.load(), f"entry point {ep.name} = {ep.value}")
+        except Exception as e:  # one broken plugin must not take the built-in methods down
+            import warnings
+
+            warnings.warn(f"ciosl: learner entry point {ep.name!r} ({ep.value}) not loaded: "
+                          f"{type(e).__name__}: {e}", stacklevel=2)
+
+
+_plugins_loaded = False
+
+
+def _register_external(cls: Any, where: str) -> type[Learner]:
+    if not (isinstance(cls, type) and issubclass(cls, Learner)):
+        raise TypeError(f"{where} is not a subclass of ciosl.Learner")
+    if not cls.name:
+        raise TypeError(f"{where}: {cls.__qualname__} needs a class attribute `name`")
+    return register(cls)
+
+
+def load_method(spec: str) -> type[Learner]:
+    """The learner class named by ``package.module:Class`` (imported, then registered under its
+    ``name``). The working folder is importable, as for ``python -m``, so a ``my_method.py``
+    next to the command works as ``--method my_method:MyLearner``."""
+    import importlib
+    import os
+    import sys
+
+    module, _, attr = spec.partition(":")
+    if not module or not attr:
+        raise ValueError(f"--method {spec!r}: expected package.module:Class")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        obj = importlib.import_module(module)
+    except ImportError as e:
+        raise ValueError(f"method {spec!r}: cannot import {module!r} ({e})") from None
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ValueError(f"method {spec!r}: module {module!r} has no {attr!r}")
+        obj = getattr(obj, part)
+    try:
+        return _register_external(obj, f"method {spec!r}")
+    except TypeError as e:
+        raise ValueError(str(e)) from None
 
 
 def available_methods() -> dict[str, type[Learner]]:
+    """Every registered method by name: the built-in ones, those of installed packages (entry
+    point group ``ciosl.learners``) and those loaded by ``package.module:Class``."""
     _load_all()
     return dict(sorted(_REGISTRY.items()))
 
 
 def get_method(name: str) -> type[Learner]:
+    """The learner class of a method name, or of ``package.module:Class``."""
+    if ":" in name:
+        _load_all()
+        return load_method(name)
     methods = available_methods()
     if name not in methods:
-        raise ValueError(f"unknown method {name!r}; valid choices: {', '.join(methods)}")
+        raise ValueError(f"unknown method {name!r}; valid choices: {', '.join(methods)} (or "
+                         "package.module:Class for a learner defined elsewhere)")
     return methods[name]
 
 
 def make_learner(name: str, **settings: Any) -> Learner:
+    """A new, untrained learner of method ``name`` (see ``available_methods()`` or
+    ``ciosl methods``) with the given settings, e.g. ``make_learner("ciosl", buffer=500)``;
+    settings left out take the method's defaults."""
     return get_method(name)(**settings)
 
 
@@ -435,6 +502,20 @@ class Learner:
             np.asarray(self.classes_).dtype
         )
 
+    def predict_proba_one(self, z) -> dict:
+        """Probabilities for one sample (z of shape (d,) or (1, d)) as ``{label: p}``, labels in
+        ``classes_`` order (river's convention)."""
+        Z = self._check_Z(z, where="predict_proba_one")
+        if Z.shape[0] != 1:
+            raise ValueError(f"predict_proba_one: expects one sample, got {Z.shape[0]}")
+        P = self.predict_proba(Z)[0]
+        return {label: float(p) for label, p in zip(self.classes_, P, strict=True)}
+
+    def predict_one(self, z) -> Any:
+        """The most probable label for one sample (z of shape (d,) or (1, d))."""
+        proba = self.predict_proba_one(z)
+        return max(proba, key=proba.__getitem__)
+
     def score(self, Z, y) -> float:
         """Accuracy; test labels never seen in training count as wrong."""
         y = np.asarray(y).reshape(-1)
@@ -568,7 +649,7 @@ class Learner:
             raise ValueError(f"{path} holds a {method!r} learner, not {cls.name!r}; load it with "
                              "ciosl.Learner.load")
         try:
-            learner = get_method(method)(**blob["settings"])
+            learner = (cls if cls is not Learner else get_method(method))(**blob["settings"])
             return learner.load_state_dict(blob["state"])
         except (ValueError, TypeError) as e:
             raise ValueError(f"{path}: {e}") from None

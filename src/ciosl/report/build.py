@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -130,8 +131,8 @@ def render_markdown(title: str, tables: list[Table], figures: list[Figure],
 
 def write_report(results: str | Path, *, fmt: str = "md", out: str | Path | None = None,
                  title: str | None = None, omega_events: str = "after_base") -> Report:
-    """Read every result JSON under ``results`` and write the report (figures in a
-    ``figures/`` folder next to it; the HTML report also embeds them). Every Omega_all in it
+    """Read every result JSON under ``results`` and write the report (Markdown: figures in a
+    ``figures/`` folder next to it; HTML: one self-contained file that embeds them). Every Omega_all in it
     follows ``omega_events`` (``metrics.omega_all``), whatever definition a result was written
     with (``results.omega_of``)."""
     if fmt not in FORMATS:
@@ -147,11 +148,13 @@ def write_report(results: str | Path, *, fmt: str = "md", out: str | Path | None
     path = Path(out) if out is not None else root / f"report.{fmt}"
     title = title or f"ciosl report: {root.resolve().name}"
     tables = build_tables(entries)
-    figures = make_figures(entries, tables, path.parent / "figures")
     intro = intro_lines(entries, omega_events, left_out, root) + duplicates
     if fmt == "md":
+        figures = make_figures(entries, tables, path.parent / "figures")
         text = render_markdown(title, tables, figures, entries, root, path.parent, intro)
-    else:
+    else:  # self-contained: the figures are drawn in a temporary folder and embedded
+        with tempfile.TemporaryDirectory(prefix="ciosl-figures-") as tmp:
+            figures = make_figures(entries, tables, Path(tmp))
         text = render_html(title, tables, figures, entries, root, _grids(root), intro)
     atomic_write_bytes(path, text.encode())
     return Report(path, fmt, tables, figures, entries, intro, left_out, duplicates)

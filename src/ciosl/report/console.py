@@ -72,15 +72,25 @@ def print_resume(runs_done: int, position: int) -> None:
                       f"stream position {position}")
 
 
+def pm(mean: float, std: float, n_runs: int, digits: int = 4) -> str:
+    """``mean +- std``; one run: its value alone (no spread to show)."""
+    return f"{mean:.{digits}f}" + (f" +- {std:.{digits}f}" if n_runs > 1 else "")
+
+
 def print_result(result: dict) -> None:
-    om, fa = result["omega_all"], result["final_accuracy"]
+    om, fa, n = result["omega_all"], result["final_accuracy"], len(result["runs"])
+    extractor = extractor_text(result["extractor"])
     console.print(
         f"[bold]{result['method']}[/] on {result['dataset']} / {result['ordering']} "
-        f"({len(result['runs'])} runs, {result['extractor']} features, d={result['feature_dim']}):"
+        f"({n} run{'s' * (n > 1)}, {extractor} features, d={result['feature_dim']}):"
     )
-    console.print(f"  Omega_all      = {om['mean']:.4f} +- {om['std']:.4f} (over the "
+    console.print(f"  Omega_all      = {pm(om['mean'], om['std'], n)} (over the "
                   f"{omega_label(om.get('events'))})")
-    console.print(f"  final accuracy = {pct(fa['mean'])} +- {pct(fa['std'])} %")
+    console.print(f"  final accuracy = {pm(100 * fa['mean'], 100 * fa['std'], n, 2)} %")
+    for key, label in (("forgetting", "forgetting    "), ("backward_transfer", "BWT           ")):
+        v = result.get(key)
+        if v:
+            console.print(f"  {label} = {pm(v['mean'], v['std'], n)}")
     console.print(f"  speed          = {result['samples_per_second']:.0f} samples/s, "
                   f"peak state {result['peak_memory_bytes'] / 2**20:.2f} MiB, "
                   f"{result['predict_seconds']:.1f} s per run at testing events")
@@ -107,7 +117,20 @@ def print_datasets(rows) -> None:
         console.print(f"[bold]{spec.name}[/]: {text}", highlight=False)
 
 
-def print_methods(methods) -> None:
+def print_methods(methods, detailed: bool = False) -> None:
+    """One line per method (its settings by name), or with ``detailed`` every setting with its
+    default and meaning (``ciosl methods NAME``)."""
+    if not detailed:
+        table = Table(title="methods (`ciosl methods NAME` for the settings, defaults and "
+                      "meanings of one)", title_justify="left")
+        for col in ("method", "what", "settings (--set NAME=VALUE)"):
+            table.add_column(col, overflow="fold")
+        for name, cls in methods.items():
+            flag = " [red](violates single pass)[/]" if cls.violates_single_pass else ""
+            table.add_row(f"[bold]{name}[/]", cls.description + flag,
+                          ", ".join(s.name for s in cls.settings() if s.name != "seed"))
+        console.print(table)
+        return
     table = Table(title="methods (set with --set NAME=VALUE)", title_justify="left")
     for col in ("method", "setting", "default", "meaning"):
         table.add_column(col, overflow="fold")
@@ -125,8 +148,13 @@ def print_methods(methods) -> None:
     console.print(table)
 
 
+def extractor_text(extractor: str | None) -> str:
+    """``none`` is the extractor of a ``features:PATH`` file: its features are precomputed."""
+    return "precomputed" if extractor in (None, "none") else extractor
+
+
 def print_features(fs) -> None:
-    console.print(f"{fs.dataset} / {fs.extractor}: train {fs.train_z.shape}, "
+    console.print(f"{fs.dataset} / {extractor_text(fs.extractor)} features: train {fs.train_z.shape}, "
                   f"test {fs.test_z.shape}, {fs.n_classes} classes, cache key {fs.key}")
 
 
@@ -164,7 +192,7 @@ class SweepMonitor:
 
     def cell_done(self, cell, result) -> None:
         om = result["omega_all"]
-        console.print(f"{cell.id}: Omega_all = {om['mean']:.4f} +- {om['std']:.4f} "
+        console.print(f"{cell.id}: Omega_all = {pm(om['mean'], om['std'], len(result['runs']))} "
                       f"({len(result['runs'])} runs, over the {omega_label(om.get('events'))})",
                       highlight=False)
 

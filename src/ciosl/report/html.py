@@ -58,7 +58,7 @@ def table_html(table: Table) -> str:
 
 
 def figure_html(fig: Figure) -> str:
-    data = base64.b64encode(Path(fig.path).read_bytes()).decode()
+    data = base64.b64encode(fig.png or Path(fig.path).read_bytes()).decode()
     return (f'<figure><img src="data:image/png;base64,{data}" alt="{escape(fig.title)}">'
             f"<figcaption><b>{escape(fig.title)}.</b> {escape(fig.caption)}</figcaption></figure>")
 

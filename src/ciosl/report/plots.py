@@ -1,4 +1,4 @@
-"""PNG figures: accuracy along the stream, Omega_all vs. a setting, regimes.
+"""PNG figures: accuracy along the stream, accuracy matrices, Omega_all vs. a setting, regimes.
 
 Figures are drawn on ``matplotlib.figure.Figure`` objects and saved with the Agg renderer,
 without pyplot: no global backend switch, no window, nothing left open."""
@@ -25,6 +25,7 @@ class Figure:
     path: Path
     title: str
     caption: str
+    png: bytes = b""  # the image itself (the HTML report embeds it; its folder may be gone)
 
 
 def _slug(text: str) -> str:
@@ -105,6 +106,46 @@ def accuracy_figures(entries: list[Entry], folder: Path) -> list[Figure]:
     return figures
 
 
+def matrix_figures(entries: list[Entry], folder: Path) -> list[Figure]:
+    """One figure per main-table column with the results that hold an accuracy matrix: a heatmap
+    per method (testing events down, class steps or classes across, mean over runs)."""
+    by_col: dict[Column, dict[tuple[str, str], list[Entry]]] = {}
+    for e in entries:
+        if e.regime == "streaming" and not e.diff and e.data.get("accuracy_matrix"):
+            by_col.setdefault(e.column, {}).setdefault((e.method, e.label), []).append(e)
+    figures = []
+    for column in sorted(by_col):
+        methods = sorted(by_col[column], key=lambda r: (method_key(r[0]), r[1]))
+        ncols = min(4, len(methods))
+        nrows = -(-len(methods) // ncols)
+        fig = MplFigure(figsize=(2.6 * ncols + 0.8, 2.4 * nrows + 0.4))
+        axes = np.atleast_2d(fig.subplots(nrows, ncols, squeeze=False))
+        image = None
+        for k, row in enumerate(methods):
+            ax = axes[k // ncols][k % ncols]
+            e = pick(by_col[column][row])
+            R = np.array([[np.nan if v is None else v for v in r]
+                          for r in e.data["accuracy_matrix"]], dtype=float)  # (T, J)
+            image = ax.imshow(R, vmin=0, vmax=1, cmap="viridis", aspect="auto",
+                              interpolation="nearest")
+            ax.set_title(e.label, fontsize=8, color="crimson" if row[0] == "ciosl" else "black")
+            ax.set_xlabel("class step" if column.ordering.startswith("class") else "class",
+                          fontsize=7)
+            ax.set_ylabel("testing event", fontsize=7)
+            ax.tick_params(labelsize=6)
+        for k in range(len(methods), nrows * ncols):
+            axes[k // ncols][k % ncols].set_axis_off()
+        fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.8, label="test accuracy")
+        fig.suptitle(column.title, fontsize=10)
+        path = _save(fig, folder / f"matrix_{_slug(column.ordering)}_{_slug(column.label)}.png")
+        figures.append(Figure(path, f"Accuracy matrix: {column.title}",
+                              "Accuracy at each testing event (rows, base init first) on each "
+                              "class step's test samples (class orderings; blank: not reached "
+                              "yet) or on each class (iid and instance orderings), mean over "
+                              "runs."))
+    return figures
+
+
 def setting_figure(table: Table, folder: Path) -> Figure | None:
     """Omega_all vs. a numeric setting, one line per (column, method, variant) series."""
     s = table.setting
@@ -170,10 +211,12 @@ def regime_figure(table: Table, folder: Path) -> Figure | None:
 
 
 def make_figures(entries: list[Entry], tables: list[Table], folder: Path) -> list[Figure]:
-    figures = accuracy_figures(entries, folder)
+    figures = accuracy_figures(entries, folder) + matrix_figures(entries, folder)
     for table in tables:
         fig = (setting_figure(table, folder) if table.kind == "setting"
                else regime_figure(table, folder) if table.kind == "regimes" else None)
         if fig is not None:
             figures.append(fig)
+    for f in figures:
+        f.png = Path(f.path).read_bytes()
     return figures

@@ -244,7 +244,7 @@ def make_entry(data: dict, path: Path, omega_events: str = "after_base") -> Entr
     limit = data.get("limit_per_class") or 0
     extractor = data.get("extractor") or ""
     label = dataset + (f" ≤{limit}/class" if limit else "")
-    if extractor and extractor != _default_extractor(dataset):
+    if extractor and extractor != "none" and extractor != _default_extractor(dataset):
         label += f" ({extractor})"
     column = Column(
         ORDERINGS.index(ordering) if ordering in ORDERINGS else len(ORDERINGS),

@@ -4,7 +4,8 @@
   over runs, the best single-pass streaming method of each column in bold, methods that violate
   single pass marked with a dagger, and the offline learner's mean accuracy (Offline-hat).
 - ``final_table``: the same layout with the test accuracy after the whole stream (the offline
-  learner's last, too); ``cost_table``: samples learned per second and learner state size.
+  learner's last, too); ``continual_table``: average forgetting and backward transfer;
+  ``cost_table``: samples learned per second and learner state size.
 - ``sampling_table``: memory replacement x sample selection (the paper's Table 4).
 - ``setting_tables``: one table per setting varied alone (lambda2, buffer, ...): Omega_all as a
   function of that setting (lambda2 also crossed with selection/replacement, as in the paper).
@@ -53,8 +54,13 @@ class Table:
         return self.stub + [f"{g} · {lab}" if g else lab for g, lab in self.columns]
 
 
+def mean_pm(mean: float, std: float, n_runs: int, digits: int = 4) -> str:
+    """``mean ± std``; a single run has no spread to show: its value alone."""
+    return f"{mean:.{digits}f}" + (f" ± {std:.{digits}f}" if n_runs > 1 else "")
+
+
 def fmt(entry: Entry | None) -> str:
-    return MISSING if entry is None else f"{entry.mean:.4f} ± {entry.std:.4f}"
+    return MISSING if entry is None else mean_pm(entry.mean, entry.std, entry.n_runs)
 
 
 def _bold_best(table: Table, cells: list[list[Entry | None]], eligible,
@@ -173,8 +179,9 @@ def final_table(entries: list[Entry]) -> Table | None:
     table = Table("final", "Final accuracy (%)", ["Method"],
                   [(c.ordering.replace("_", "-"), c.label) for c in columns])
     _method_rows(table, rows, grid)
-    for cells, row in zip(table.rows, values, strict=True):
-        cells += [MISSING if v is None else f"{v[0]:.2f} ± {v[1]:.2f}" for v in row]
+    for cells, row, grid_row in zip(table.rows, values, grid, strict=True):
+        cells += [MISSING if v is None else mean_pm(*v, e.n_runs, 2)
+                  for v, e in zip(row, grid_row, strict=True)]
     _bold_best(table, grid, lambda e: _final(e) is not None and _streaming_single_pass(e),
                value=lambda e: _final(e)[0], digits=2)  # as in Table 2
     offline = []
@@ -189,6 +196,72 @@ def final_table(entries: list[Entry]) -> Table | None:
                    "Bold: the best single-pass streaming method of the column.",
                    *_fixed_note(chosen)]
     return table
+
+
+def _summary(e: Entry | None, key: str) -> tuple[float, float] | None:
+    value = e.data.get(key) if e is not None else None
+    if not (isinstance(value, dict) and isinstance(value.get("mean"), int | float)):
+        return None
+    return float(value["mean"]), float(value.get("std") or 0.0)
+
+
+def continual_table(entries: list[Entry]) -> Table | None:
+    """Average forgetting and backward transfer per method and column (results written before
+    ciosl recorded them show –)."""
+    chosen, columns, rows, grid = _main_cells(entries)
+    if not chosen:
+        return None
+    table = Table("continual", "Forgetting and backward transfer", ["Method"],
+                  [(f"{c.ordering.replace('_', '-')} · {c.label}", what) for c in columns
+                   for what in ("forgetting", "BWT")])
+    _method_rows(table, rows, grid)
+    for cells, row in zip(table.rows, grid, strict=True):
+        for e in row:
+            for key in ("forgetting", "backward_transfer"):
+                v = _summary(e, key)
+                cells.append(MISSING if v is None else mean_pm(*v, e.n_runs))
+    table.notes = [
+        "Over the class steps learned before the last testing event (class orderings), or "
+        "every class (iid and instance orderings), from the accuracy matrix: forgetting is "
+        "the mean of (best accuracy before the last event − last accuracy) (Chaudhry et al. "
+        "2018), BWT the mean of (last accuracy − accuracy when first tested) (Lopez-Paz & "
+        "Ranzato 2017); mean ± std over runs. Lower forgetting, higher BWT is better.",
+        f"{MISSING}: not run, or a result written before ciosl recorded per-class accuracies.",
+        *_fixed_note(chosen)]
+    return table
+
+
+def _class_accuracy(e: Entry | None) -> dict[str, float] | None:
+    """Mean over runs of each class's accuracy at the end (None if a run lacks it)."""
+    runs = e.data["runs"] if e is not None else []
+    per = [r.get("final_class_accuracy") for r in runs]
+    if not per or any(not isinstance(p, dict) or not p for p in per):
+        return None
+    return {c: sum(p.get(c, 0.0) for p in per) / len(per) for c in per[0]}
+
+
+def class_tables(entries: list[Entry]) -> list[Table]:
+    """Per (ordering, dataset) column: each method's accuracy (%) on each class at the end."""
+    chosen, columns, rows, grid = _main_cells(entries)
+    tables = []
+    for j, column in enumerate(columns):
+        values = [_class_accuracy(row[j]) for row in grid]
+        labels = sorted({c for v in values if v for c in v},
+                        key=lambda c: (0, int(c), c) if c.lstrip("-").isdigit() else (1, 0, c))
+        if not labels:
+            continue
+        table = Table("classes", f"Accuracy per class at the end (%): {column.title}",
+                      ["Method"], [("class", c) for c in labels])
+        kept = [(r, g, v) for r, g, v in zip(rows, grid, values, strict=True)
+                if g[j] is not None]
+        _method_rows(table, [r for r, _, _ in kept], [[g[j]] for _, g, _ in kept])
+        for cells, (_, _, v) in zip(table.rows, kept, strict=True):
+            cells += [MISSING if v is None or c not in v else f"{100 * v[c]:.1f}"
+                      for c in labels]
+        table.notes = ["Test accuracy on each class's samples at the last testing event, mean "
+                       f"over runs. {MISSING}: a result written before ciosl recorded it."]
+        tables.append(table)
+    return tables
 
 
 def cost_table(entries: list[Entry]) -> Table | None:
@@ -380,6 +453,7 @@ def other_table(entries: list[Entry], used: set[int]) -> Table | None:
 def build_tables(entries: list[Entry]) -> list[Table]:
     used: set[int] = set()
     tables = [main_table(entries), final_table(entries), cost_table(entries),
+              continual_table(entries), *class_tables(entries),
               sampling_table(entries, used),
               *setting_tables(entries, used), regime_table(entries),
               other_table(entries, used)]

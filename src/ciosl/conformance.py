@@ -2,19 +2,21 @@
 ``parametrize_with_checks``): every registered learner, with its default settings and with each
 extra settings dict in its optional class attribute ``conformance_settings``, passes every check
 in ``CHECKS``. ``tests/test_conformance.py`` parametrizes them; a learner added later is checked
-automatically. Data are small Gaussian blobs so a learner's whole suite takes a few seconds.
+automatically, and ``ciosl.check_learner(cls)`` runs them on a learner defined elsewhere. Data
+are small Gaussian blobs so a learner's whole suite takes a few seconds.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
+import re
 from collections.abc import Callable
 
 import numpy as np
-import pytest
 import torch
 
-from ciosl.learners.base import Learner, available_methods
+from ciosl.learners.base import Learner, available_methods, register
 
 DIM, N_CLASSES = 20, 5
 INT_LABELS = [7, 3, 11, 0, 5]  # not 0..K-1, so a learner cannot confuse labels and indices
@@ -35,6 +37,24 @@ def cases() -> list[tuple[type[Learner], dict]]:
 def case_id(case: tuple[type[Learner], dict]) -> str:
     cls, settings = case
     return "-".join([cls.name, *(f"{k}={v}" for k, v in settings.items())])
+
+
+class _Raised:
+    value: BaseException | None = None
+
+
+@contextlib.contextmanager
+def _raises(kind: type[BaseException], match: str | None = None):
+    """The block must raise ``kind`` with a message matching ``match`` (as pytest.raises)."""
+    raised = _Raised()
+    try:
+        yield raised
+    except kind as e:
+        if match is not None and not re.search(match, str(e)):
+            raise AssertionError(f"{type(e).__name__} {str(e)!r} does not match {match!r}") from e
+        raised.value = e
+    else:
+        raise AssertionError(f"expected {kind.__name__} (matching {match!r}), nothing raised")
 
 
 # ---------------------------------------------------------------------------- data
@@ -98,7 +118,7 @@ def check_constructor(cls, settings) -> None:
     for twin in (learner.clone(), fitted(cls, settings).clone()):
         assert type(twin) is cls and twin.get_params() == params
         assert twin.classes_ == [] and twin.dim_ is None and twin.n_seen_ == 0
-        with pytest.raises(RuntimeError):
+        with _raises(RuntimeError):
             twin.predict_proba(np.zeros((1, DIM)))
 
 
@@ -198,6 +218,20 @@ def check_save_load(cls, settings) -> None:
     np.testing.assert_array_equal(loaded.predict_proba(Zt), learner.predict_proba(Zt))
 
 
+def check_predict_one(cls, settings) -> None:
+    """(4b) predict_proba_one / predict_one answer for one sample as predict_proba / predict."""
+    learner = fitted(cls, settings, STR_LABELS)
+    Zt, _ = held_out()
+    for z in Zt[:5]:
+        proba = learner.predict_proba_one(z)
+        assert list(proba) == learner.classes_
+        np.testing.assert_allclose(list(proba.values()), learner.predict_proba(z[None])[0],
+                                   rtol=1e-6, atol=1e-9)
+        assert learner.predict_one(z) == learner.predict(z[None])[0]
+    with _raises(ValueError, match="one sample"):
+        learner.predict_proba_one(Zt[:2])
+
+
 def check_memory_capacity(cls, settings) -> None:
     """(7) A learner with a replay ``buffer`` never holds more than ``buffer`` samples.
     Learners without a ``buffer`` setting have nothing to check."""
@@ -235,25 +269,25 @@ def check_bad_input(cls, settings) -> None:
     P0, classes, n_seen = learner.predict_proba(Zt), list(learner.classes_), learner.n_seen_
     Z_nan = Zt[:6].copy()
     Z_nan[4, 2] = np.nan
-    with pytest.raises(ValueError, match="position 4"):
+    with _raises(ValueError, match="position 4"):
         learner.predict_proba(Z_nan)
-    with pytest.raises(ValueError, match="position 0"):
+    with _raises(ValueError, match="position 0"):
         learner.learn_one(Z_nan[4], "new")
-    with pytest.raises(ValueError, match="width"):
+    with _raises(ValueError, match="width"):
         learner.learn_one(np.zeros(DIM + 1), INT_LABELS[0])
-    with pytest.raises(ValueError, match="width"):
+    with _raises(ValueError, match="width"):
         learner.predict_proba(np.zeros((2, DIM - 1)))
-    with pytest.raises(TypeError, match="labels"):
+    with _raises(TypeError, match="labels"):
         learner.learn_one(Zt[0], 1.5)
-    with pytest.raises(ValueError, match="one sample"):
+    with _raises(ValueError, match="one sample"):
         learner.learn_one(Zt[:2], INT_LABELS[0])
     np.testing.assert_array_equal(learner.predict_proba(Zt), P0)
     assert learner.classes_ == classes and learner.n_seen_ == n_seen
     fresh = cls(**settings)
-    with pytest.raises(ValueError, match="position 4"):
+    with _raises(ValueError, match="position 4"):
         fresh.fit_base(Z_nan, [0, 1, 0, 1, 0, 1])
     assert fresh.classes_ == [] and fresh.dim_ is None
-    with pytest.raises(TypeError) as err:
+    with _raises(TypeError) as err:
         cls(**settings, no_such_setting=1)
     for s in cls.settings():
         assert s.name in str(err.value)
@@ -261,7 +295,8 @@ def check_bad_input(cls, settings) -> None:
 
 def check_metadata(cls, settings) -> None:
     """(10) Registry name, single-pass flag, description and one help line per setting."""
-    assert available_methods()[cls.name] is cls
+    assert cls.name and available_methods().get(cls.name, cls) is cls, (
+        f"name {cls.name!r} is empty or taken by another learner")
     assert isinstance(cls.violates_single_pass, bool)
     assert cls.description
     missing = {s.name for s in cls.settings()} - set(cls.help)
@@ -270,5 +305,31 @@ def check_metadata(cls, settings) -> None:
 
 
 CHECKS = [check_constructor, check_emerging_classes, check_probabilities,
-          check_predict_is_argmax, check_same_seed, check_state_round_trip, check_save_load,
-          check_memory_capacity, check_above_chance, check_bad_input, check_metadata]
+          check_predict_is_argmax, check_predict_one, check_same_seed, check_state_round_trip,
+          check_save_load, check_memory_capacity, check_above_chance, check_bad_input,
+          check_metadata]
+
+
+def check_learner(cls: type[Learner], settings: list[dict] | None = None) -> list[str]:
+    """Run the conformance suite on a learner class (one defined outside ciosl included).
+
+    Every check in ``CHECKS`` runs with the default settings and with each dict in ``settings``
+    (default: the class's ``conformance_settings``). The class is registered under its ``name``
+    first (``Learner.load`` finds a saved learner's class by name). Raises ``AssertionError``
+    naming the first failing check and settings; returns the names of the checks passed.
+    """
+    if not (isinstance(cls, type) and issubclass(cls, Learner)):
+        raise TypeError(f"check_learner expects a subclass of ciosl.Learner, got {cls!r}")
+    available_methods()
+    register(cls)
+    extra = getattr(cls, "conformance_settings", []) if settings is None else settings
+    passed = []
+    for case in [{}, *extra]:
+        for check in CHECKS:
+            try:
+                check(cls, dict(case))
+            except Exception as e:
+                raise AssertionError(f"{cls.__qualname__} fails {check.__name__} with settings "
+                                     f"{case}: {type(e).__name__}: {e}") from e
+            passed.append(f"{check.__name__}{case or ''}")
+    return passed
