@@ -33,6 +33,14 @@ class HelpFormatter(argparse.HelpFormatter):
         return text
 
 
+def _cache_and_data_options(parser: argparse.ArgumentParser) -> None:
+    """--cache and --data, shared by the commands that load a dataset."""
+    parser.add_argument("--cache", default=None, help="cache folder (default $CIOSL_CACHE or "
+                        "~/.cache/ciosl)")
+    parser.add_argument("--data", default=None, help="dataset folder (default: the search "
+                        "path, see `ciosl datasets`)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ciosl", description="Class-incremental online streaming "
                                 "learning: learners, benchmark protocol, reports.",
@@ -69,10 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--offline-epochs", type=int, default=None,
                      help="epochs of the offline reference learner (default: the dataset's)")
     run.add_argument("--out", default="results", help="folder for the result JSON")
-    run.add_argument("--cache", default=None, help="cache folder (default $CIOSL_CACHE or "
-                     "~/.cache/ciosl)")
-    run.add_argument("--data", default=None, help="dataset folder (default: the search path, "
-                     "see `ciosl datasets`)")
+    _cache_and_data_options(run)
     run.add_argument("--quiet", action="store_true", help="no per-event tables (default: "
                      "print them)")
     run.add_argument("--checkpoint-every", type=int, default=0, metavar="N",
@@ -107,10 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
                       "dataset's)")
     feat.add_argument("--weights", default=None, help="MobileNetV2 ImageNet weights file "
                       "(default: torch.hub's download cache)")
-    feat.add_argument("--cache", default=None, help="cache folder (default $CIOSL_CACHE or "
-                      "~/.cache/ciosl)")
-    feat.add_argument("--data", default=None, help="dataset folder (default: the search path, "
-                      "see `ciosl datasets`)")
+    _cache_and_data_options(feat)
     feat.add_argument("--download", action="store_true", help="download the dataset if absent "
                       "(default: never download)")
     feat.add_argument("--rebuild", action="store_true", help="recompute even if cached "
