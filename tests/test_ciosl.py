@@ -152,7 +152,8 @@ def test_distillation_weight_relative_to_the_likelihood_does_not_depend_on_the_c
         rng = np.random.default_rng(0)
         Zb = rng.normal(size=(4 * n_classes, DIM)).astype(np.float32)
         yb = np.repeat(np.arange(n_classes), 4)
-        learner = CIOSL(n_replay=0, lambda1=0.0, lambda2=0.5, n_distill=4).fit_base(Zb, yb)
+        learner = CIOSL(n_replay=0, lambda1=0.0, lambda2=0.5, n_distill=4,
+                        distill_when="always").fit_base(Zb, yb)
         seen = {}
         forward, backward = learner.net.forward_local, learner.net.backward
 
@@ -262,6 +263,51 @@ def test_distillation_uses_only_the_logits_recorded():
     for row, c in zip(g, counts.tolist(), strict=True):
         assert (row[c:] == 0).all() and (row[:c] != 0).all()
     assert (counts == 2).any()
+
+
+def _distill_rows(learner, z, y):
+    """The distillation rows' dL/dlogits (n_d, C) of one learn_one step (empty: none)."""
+    seen = {}
+    backward = learner.net.backward
+
+    def spy(cache, g, grad):
+        seen["g"] = g.clone()
+        return backward(cache, g, grad)
+
+    learner.net.backward = spy
+    learner.learn_one(z, y)
+    del learner.net.backward
+    return seen["g"][1:]  # n_replay=0: row 0 is the new sample, the rest are distilled
+
+
+@pytest.mark.parametrize("when", ["always", "class_growth"])
+def test_distill_when_class_growth_waits_for_a_class_base_init_did_not_have(when):
+    """class_growth: no distillation row while the stream brings only the base's classes,
+    distillation as 'always' from the first new class on."""
+    learner = CIOSL(n_replay=0, lambda1=0.0, distill_when=when).fit_base(*blobs([0, 1], 20, 1))
+    Z, y = blobs([0, 1], 2, seed=2)
+    before = [_distill_rows(learner, z, int(k)) for z, k in zip(Z, y, strict=True)]
+    assert all(len(g) == (16 if when == "always" else 0) for g in before)
+    Z2, _ = blobs([2], 2, seed=3)
+    after = [_distill_rows(learner, z, 2) for z in Z2]
+    assert all(len(g) == 16 and (g != 0).any() for g in after)
+    twin = CIOSL(n_replay=0, lambda1=0.0, distill_when=when)
+    twin.load_state_dict(learner.state_dict())  # the base's classes survive a checkpoint
+    assert twin._distilling()
+
+
+def test_distill_filter_correct_skips_items_whose_stored_logits_are_wrong():
+    learner = CIOSL(n_replay=0, lambda1=0.0, distill_when="always", distill_filter="correct")
+    learner.fit_base(*blobs([0, 1], 20, seed=1))
+    mem = learner.memory
+    wrong = torch.arange(len(mem.logits)) % 2 == 0  # flip the stored logits of every other item
+    mem.logits[wrong] = -mem.logits[wrong]
+    rec = Recorder(learner)
+    z, _ = blobs([0], 1, seed=2)
+    g = _distill_rows(learner, z[0], 0)
+    flipped = wrong[torch.from_numpy(rec.distill)]
+    assert flipped.any() and (~flipped).any()
+    assert (g[flipped] == 0).all() and (g[~flipped] != 0).any(1).all()
 
 
 def test_memory_never_exceeds_capacity():

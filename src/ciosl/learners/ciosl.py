@@ -58,6 +58,9 @@ from ciosl.learners.base import register
 from ciosl.learners.bayes_head import BAYES_HELP, BAYES_MAX_GRAD_NORM, REFRESHES, BayesHead, scores
 from ciosl.learners.memory import REPLACEMENTS, SELECTIONS, ReplayMemory
 
+DISTILL_FILTERS = ("all", "correct")
+DISTILL_WHEN = ("always", "class_growth")
+
 
 @register
 class CIOSL(BayesHead):
@@ -65,7 +68,8 @@ class CIOSL(BayesHead):
     description = ("Bayesian MLP head, KL to a refreshed prior, logit distillation, "
                    "loss/uncertainty-aware replay (the paper's method)")
     choices = {"selection": SELECTIONS, "replacement": REPLACEMENTS,
-               "prior_refresh": REFRESHES, "prediction": ("mean", "mc")}
+               "prior_refresh": REFRESHES, "prediction": ("mean", "mc"),
+               "distill_filter": DISTILL_FILTERS, "distill_when": DISTILL_WHEN}
     help = {
         **BAYES_HELP,
         "lambda2": "weight of the logit distillation (squared distance, mean over rows)",
@@ -74,20 +78,29 @@ class CIOSL(BayesHead):
         "selection": "replay selection: uniform, uapn (uncertainty) or lapn (loss)",
         "replacement": "memory replacement policy",
         "buffer": "replay memory capacity (items)",
+        "distill_filter": "which drawn items are distilled: all (the paper) or correct (only "
+                          "those whose stored logits predict their label)",
+        "distill_when": "always (the paper) or class_growth: distil only once the stream has "
+                        "brought a class that base init did not have",
         "rescore_distilled": "refresh the loss and uncertainty scores of the items drawn for "
                              "distillation too (their logits targets stay)",
         "seed": "seed of the init, the noise draws and the memory's choices",
     }
+    # the paper's lambda2 = 0.3, distilling from the first step (reports label other values)
+    paper_values: ClassVar[dict[str, Any]] = {**BayesHead.paper_values, "lambda2": 0.3,
+                                              "distill_when": "always"}
     conformance_settings: ClassVar[list[dict]] = [
         {"selection": "lapn", "replacement": "lawcbr"},
         {"selection": "uniform", "replacement": "reservoir"},
         {"replacement": "class_balanced_random", "prediction": "mc"},
-        {"prior_refresh": "class"},
+        {"prior_refresh": "class", "distill_when": "always", "distill_filter": "correct"},
         {"prior_refresh": "step", "lambda2": 0.0, "n_replay": 0},
     ]
 
-    def __init__(self, *, lambda1: float = 1.0, lambda2: float = 0.3, n_replay: int = 16,
-                 n_distill: int = 16, selection: str = "uapn", replacement: str = "lawrrr",
+    def __init__(self, *, lambda1: float = 1.0, lambda2: float = 0.1, n_replay: int = 16,
+                 n_distill: int = 16, distill_filter: str = "all",
+                 distill_when: str = "class_growth", selection: str = "uapn",
+                 replacement: str = "lawrrr",
                  buffer: int = 1000, rescore_distilled: bool = False, mc_samples: int = 5,
                  prior_refresh: str = "every",
                  refresh_every: int = 500, prediction: str = "mean", temperature: float = 1e-4,
@@ -99,6 +112,8 @@ class CIOSL(BayesHead):
         self.lambda2 = lambda2
         self.n_replay = n_replay
         self.n_distill = n_distill
+        self.distill_filter = distill_filter
+        self.distill_when = distill_when
         self.selection = selection
         self.replacement = replacement
         self.buffer = buffer
@@ -133,6 +148,7 @@ class CIOSL(BayesHead):
     def _init_state(self, dim: int) -> None:
         super()._init_state(dim)
         self.memory = ReplayMemory(self.buffer, dim, replacement=self.replacement)
+        self._base_classes = 0  # classes known at the end of fit_base (distill_when)
 
     def _add_class(self) -> None:
         super()._add_class()
@@ -141,12 +157,18 @@ class CIOSL(BayesHead):
     def memory_size(self) -> int:
         return len(self.memory)
 
+    def _distilling(self) -> bool:
+        """Whether this step distils (``distill_when``)."""
+        return self.distill_when == "always" or self.net.n_out > self._base_classes
+
     def _state(self) -> dict[str, Any]:
-        return {**super()._state(), "memory": self.memory.state()}
+        return {**super()._state(), "memory": self.memory.state(),
+                "base_classes": self._base_classes}
 
     def _load_state(self, state: dict[str, Any]) -> None:
         super()._load_state(state)
         self.memory.load(state["memory"])
+        self._base_classes = int(state["base_classes"])
 
     # ------------------------------------------------------------------ the step
     def _learn_one(self, z: np.ndarray, yi: int) -> None:
@@ -164,9 +186,12 @@ class CIOSL(BayesHead):
         slots = []
         if len(mem) and self.n_replay:
             slots.append(replay := mem.select(self.n_replay, self.selection, self.rng))  # (r,)
-        if len(mem) and self.n_distill and self.lambda2:
+        if len(mem) and self.n_distill and self.lambda2 and self._distilling():
             slots.append(distill := mem.sample_uniform(self.n_distill, self.rng))  # (n_d,)
             H, mask = mem.distill_targets(distill)  # (n_d, C), (n_d, C) bool
+            if self.distill_filter == "correct":  # rows whose stored logits predict their label
+                mask &= (H.masked_fill(~mask, -torch.inf).argmax(1)
+                         == mem.labels_of(distill))[:, None]
         Ys = Y
         if slots:
             Zm, ym = mem.batch(np.concatenate(slots))  # (r + n_d, d), (r + n_d,)
@@ -199,6 +224,7 @@ class CIOSL(BayesHead):
             for i in range(len(Yb)):
                 self.memory.offer(Xb[i], int(Yb[i]), logits=h[i], loss=float(loss[i]),
                                   uncertainty=float(unc[i]), rng=self.rng)
+        self._base_classes = self.net.n_out
         self._base_done()
 
     @torch.no_grad()

@@ -216,6 +216,10 @@ class ReplayMemory:
         s = self._slots(slots)
         return self.z[s], self.y[s]
 
+    def labels_of(self, slots: Any) -> torch.Tensor:
+        """y[slots] (k,)."""
+        return self.y[self._slots(slots)]
+
     def distill_targets(self, slots: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """(logits[slots] (k, width), mask (k, width) bool: column < n_logits[slot])."""
         s = self._slots(slots)
