@@ -24,6 +24,7 @@ from ciosl.evaluation.experiment import (
 from ciosl.evaluation.grid import GridError, load_grid, parse_grid, spec_fields, tomllib
 from ciosl.evaluation.protocol import offline_accuracy
 from ciosl.evaluation.sweep import prepare, result_file, run_file, run_sweep
+from ciosl.learners.ciosl import CIOSL
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 TIMING = {"wall_seconds", "samples_per_second", "predict_seconds", "path", "sweep"}
@@ -353,3 +354,18 @@ def test_readme_grid_example_is_valid():
     assert "digits_iid_ciosl_selection-lapn+replacement-lawcbr" in ids
     assert "fashion-mnist-video_class_instance_ciosl_no-distillation" in ids
     assert len(grid.cells) == 4 * (6 + 1 + 1) and grid.seeds == list(range(10))
+
+
+def test_a_changed_learner_default_changes_the_fingerprint(tmp_path, monkeypatch):
+    """A new release that changes a method's default must not reuse runs made with the old
+    one: the fingerprint holds every resolved setting, not only those the grid or the
+    protocol set."""
+    grid = parse_grid({"datasets": ["digits"], "orderings": ["iid"], "methods": ["ciosl"],
+                       "cache": str(tmp_path), "seeds": [0]})
+    before = prepare(grid)[0].fingerprint
+    assert prepare(grid)[0].fingerprint == before
+    settings = CIOSL.settings()
+    changed = [dataclasses.replace(st, default=0.7) if st.name == "lambda2" else st
+               for st in settings]
+    monkeypatch.setattr(CIOSL, "settings", classmethod(lambda cls: changed))
+    assert prepare(grid)[0].fingerprint != before

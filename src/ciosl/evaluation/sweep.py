@@ -157,7 +157,10 @@ def prepare(grid: Grid) -> list[CellInfo]:
         offline = offline_settings(exp, spec)
         fingerprint = _fingerprint({
             "format": RUN_FORMAT, "dataset": exp.dataset, "ordering": exp.ordering,
-            "method": cls.name, "settings": settings, "features": fs.key,
+            "method": cls.name, "features": fs.key,
+            # every setting as this code resolves it: a changed default is a changed cell
+            "settings": {**{st.name: st.default for st in cls.settings() if st.name != "seed"},
+                         **settings},
             "limit_per_class": exp.limit_per_class, "offline": offline.__dict__,
             **_regime_fields(exp)})
         infos.append(CellInfo(cell, exp, spec, cls, settings, fs, offline, fingerprint))
