@@ -263,7 +263,7 @@ def test_cli_lists_datasets_and_methods(capsys):
     assert len(text.splitlines()) < 150  # one line or so per method, not every setting's help
     assert main(["methods", "ciosl", "slda"]) == 0
     text = capsys.readouterr().out
-    assert "lambda2" in text and "0.3" in text and "shrinkage" in text and "ncm" not in text
+    assert "lambda2" in text and "class_growth" in text and "shrinkage" in text and "ncm" not in text
     assert main(["methods", "nope"]) == 2
     assert "unknown method 'nope'" in capsys.readouterr().err
 
