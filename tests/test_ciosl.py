@@ -244,27 +244,6 @@ def test_only_replayed_items_get_new_scores():
     assert len(mem) == 121 and mem.y[120] == learner._class_index[int(y[0])]
 
 
-def test_distillation_uses_only_the_logits_recorded():
-    """Items stored when 2 classes existed are distilled on those 2 logits only."""
-    learner = CIOSL(n_replay=0, lambda1=0.0).fit_base(*blobs([0, 1], 20, seed=1))
-    learner.learn_one(blobs([2], 1, seed=2)[0][0], 2)  # class 2 appears
-    seen = {}
-    backward = learner.net.backward
-
-    def spy(cache, g, grad):
-        seen["g"] = g.clone()
-        return backward(cache, g, grad)
-
-    learner.net.backward = spy
-    rec = Recorder(learner)
-    learner.learn_one(blobs([2], 1, seed=3)[0][0], 2)
-    counts = learner.memory.n_logits[torch.from_numpy(rec.distill)]
-    g = seen["g"][1:]  # distillation rows
-    for row, c in zip(g, counts.tolist(), strict=True):
-        assert (row[c:] == 0).all() and (row[:c] != 0).all()
-    assert (counts == 2).any()
-
-
 def _distill_rows(learner, z, y):
     """The distillation rows' dL/dlogits (n_d, C) of one learn_one step (empty: none)."""
     seen = {}
@@ -278,6 +257,18 @@ def _distill_rows(learner, z, y):
     learner.learn_one(z, y)
     del learner.net.backward
     return seen["g"][1:]  # n_replay=0: row 0 is the new sample, the rest are distilled
+
+
+def test_distillation_uses_only_the_logits_recorded():
+    """Items stored when 2 classes existed are distilled on those 2 logits only."""
+    learner = CIOSL(n_replay=0, lambda1=0.0).fit_base(*blobs([0, 1], 20, seed=1))
+    learner.learn_one(blobs([2], 1, seed=2)[0][0], 2)  # class 2 appears
+    rec = Recorder(learner)
+    g = _distill_rows(learner, blobs([2], 1, seed=3)[0][0], 2)
+    counts = learner.memory.n_logits[torch.from_numpy(rec.distill)]
+    for row, c in zip(g, counts.tolist(), strict=True):
+        assert (row[c:] == 0).all() and (row[:c] != 0).all()
+    assert (counts == 2).any()
 
 
 @pytest.mark.parametrize("when", ["always", "class_growth"])
