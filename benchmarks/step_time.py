@@ -1,7 +1,8 @@
 """Time of one CIOSL ``learn_one`` against the dense arithmetic it cannot avoid.
 
-For feature widths 784 and 1280, 10 classes and a full memory (default settings, buffer 1000),
-this measures in one process:
+For feature widths 784 and 1280 and a full memory (default settings, buffer 1000), base init on
+8 classes and a stream of 10 (the step of a class ordering: the two new classes arrive during the
+warm-up, so every timed step replays N1' items and distils N2'), this measures in one process:
 
 - step: the median wall time of one ``learn_one`` (single thread, after a warm-up);
 - arithmetic: the median time of the step's dense matrix products run back to back with
@@ -31,7 +32,7 @@ import torch
 from ciosl.learners import make_learner
 from ciosl.learners.head import HIDDEN
 
-N_CLASSES, N_BASE, N_STEPS, WARMUP = 10, 1500, 400, 50
+N_CLASSES, N_BASE_CLASSES, N_BASE, N_STEPS, WARMUP = 10, 8, 1500, 400, 50
 
 
 def median_time(fn, n: int, warmup: int = 20) -> float:
@@ -45,10 +46,10 @@ def median_time(fn, n: int, warmup: int = 20) -> float:
     return statistics.median(times)
 
 
-def data(d: int, n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+def data(d: int, n: int, seed: int, n_classes: int = N_CLASSES) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
-    centers = rng.normal(0.0, 0.5, (N_CLASSES, d))
-    y = rng.integers(N_CLASSES, size=n)
+    centers = np.random.default_rng(d).normal(0.0, 0.5, (N_CLASSES, d))  # same for every call
+    y = rng.integers(n_classes, size=n)
     return (centers[y] + rng.normal(size=(n, d))).astype(np.float32), y
 
 
@@ -69,9 +70,10 @@ def step_time(d: int, mode: str = "time") -> float:
     """Median ``learn_one`` time; mode "profile" prints a torch profile instead, "breakdown"
     the median time of each phase of the step."""
     learner = make_learner("ciosl", seed=0)
-    learner.fit_base(*data(d, N_BASE, 0))  # all 10 classes; fills the memory (1000 items)
+    learner.fit_base(*data(d, N_BASE, 0, N_BASE_CLASSES))  # fills the memory (1000 items)
     assert learner.memory_size() == learner.buffer
-    Z, y = data(d, WARMUP + N_STEPS, 1)
+    Z, y = data(d, N_CLASSES + WARMUP + N_STEPS, 1)
+    y[:N_CLASSES - N_BASE_CLASSES] = np.arange(N_BASE_CLASSES, N_CLASSES)  # the new classes
     it = iter(zip(Z, y.tolist(), strict=True))
 
     def one() -> None:
@@ -87,6 +89,9 @@ def step_time(d: int, mode: str = "time") -> float:
                 one()
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
         return float("nan")
+    for _ in range(N_CLASSES - N_BASE_CLASSES):  # the new classes: distillation from now on
+        one()
+    assert learner._distilling() and len(learner.classes_) == N_CLASSES
     if mode == "breakdown":
         times: dict[str, list[float]] = {}
         for name in ("forward_local", "backward", "accumulate_fisher", "add_kl_grad"):

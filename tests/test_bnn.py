@@ -128,6 +128,18 @@ def test_fisher_estimate_is_the_mean_of_per_row_squared_gradients():
     torch.testing.assert_close(net.fisher, net.fisher_decay * expected, rtol=1e-4, atol=1e-9)
     net.evidence = 8.0
     torch.testing.assert_close(net.precision(), net.prec0 + 8.0 * expected, rtol=1e-4, atol=1e-6)
+    # a second step is an exponential moving average: keep the old estimate, add the new one
+    before, G2 = net.fisher.clone(), 3.0 * G.flip(0)
+    _, cache = net.forward_local(X, eps)  # the draw's std under the new scales
+    new = torch.zeros(net.P)
+    for r in range(4):
+        mu = net.mu.clone().requires_grad_()
+        (G2[r] * reference_local_forward(net, mu, X, eps, detach_std=True)[r]).sum().backward()
+        new += mu.grad ** 2 / 4
+    net.accumulate_fisher(cache, G2)
+    d = net.fisher_decay
+    torch.testing.assert_close(net.fisher, (1 - d) * before + d * new, rtol=1e-4, atol=1e-9)
+    assert net.fisher_steps == 2
 
 
 def test_scales_stay_at_the_prior_for_a_constant_input_and_shrink_for_a_varying_one():

@@ -129,6 +129,7 @@ class BayesMLP:
         self.mu = mu  # (P,) the means, the optimizer's parameter
         self.mu_l = self.views(mu)
         self.fisher = fisher  # (P,) EMA of the per-sample Fisher diagonal (not bias-corrected)
+        self._fisher_views = self.views(fisher)
         self.fisher_steps = int(fisher_steps)
         self.evidence = float(evidence)  # samples / temperature the posterior accounts for
         self.prec0 = self._prec0()  # (P,)
@@ -172,17 +173,16 @@ class BayesMLP:
         m = G.shape[0]
         if not m:
             return
-        est = self._scratch[1]  # (P,)
-        e = self.views(est)
+        f, keep, rate = self._fisher_views, 1.0 - self.fisher_decay, self.fisher_decay
         g = G / math.sqrt(m)  # squares average over the rows
         for i in reversed(range(self.n_layers)):
             h, h2 = cache.layers[i][0][:m], cache.layers[i][1][:m]
             g2 = g * g
-            torch.mm(g2.t(), h2, out=e[2 * i])
-            torch.sum(g2, 0, out=e[2 * i + 1])
+            # Fbar := keep Fbar + rate est, the EMA inside the product (no (P,) temporary)
+            f[2 * i].addmm_(g2.t(), h2, beta=keep, alpha=rate)
+            f[2 * i + 1].mul_(keep).add_(g2.sum(0), alpha=rate)
             if i:
                 g = torch.ops.aten.threshold_backward(g.mm(self.mu_l[2 * i]), h, 0.0)
-        self.fisher.mul_(1.0 - self.fisher_decay).add_(est, alpha=self.fisher_decay)
         self.fisher_steps += 1
 
     # ------------------------------------------------------------------ KL

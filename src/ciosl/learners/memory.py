@@ -21,7 +21,8 @@ highest and the n - n//2 of lowest uncertainty / loss. Ties follow the total ord
 "lowest", so both halves are always disjoint and the result is deterministic.
 
 All randomness comes from the ``rng`` argument (the learner's generator). Storage is torch
-(CPU, preallocated); the scoring works on zero-copy numpy views of it.
+(CPU, preallocated); the per-item bookkeeping (scores, victims, writes) works on zero-copy numpy
+views of it (``_np``), since a torch call per scalar costs microseconds on a one-sample step.
 """
 
 from __future__ import annotations
@@ -87,6 +88,12 @@ class ReplayMemory:
         self._counts = np.zeros(8, dtype=np.int64)  # (n_classes,) items per class, incremental
         self._size = 0
         self.n_offered = 0
+        self._views()
+
+    def _views(self) -> None:
+        """Zero-copy numpy views of the storage, rebuilt whenever a tensor is replaced."""
+        self._np = {name: getattr(self, name).numpy() for name in
+                    ("z", "y", "logits", "n_logits", "loss", "uncertainty")}
 
     # ------------------------------------------------------------------ sizes
     def __len__(self) -> int:
@@ -117,6 +124,7 @@ class ReplayMemory:
             new = torch.zeros(self.capacity, n_classes)  # (C, n_classes)
             new[:, : self.width] = self.logits
             self.logits = new
+            self._views()
 
     # ------------------------------------------------------------------ storing
     def offer(self, z: Any, y: int, *, logits: Any, loss: float, uncertainty: float,
@@ -140,7 +148,7 @@ class ReplayMemory:
             slot = self._victim(rng)
             if slot is None:
                 return None
-            self._counts[int(self.y[slot])] -= 1
+            self._counts[self._np["y"][slot]] -= 1
         self._write(slot, z, y, logits, loss, uncertainty)
         return slot
 
@@ -152,27 +160,28 @@ class ReplayMemory:
                 return None
             if self.replacement == "reservoir":
                 return j
-            y = self.y.numpy()
-            w = self._counts[y] / (self.loss.numpy().astype(np.float64) + EPS)  # (C,)
+            w = self._counts[self._np["y"]] / (self._np["loss"].astype(np.float64) + EPS)  # (C,)
             return _weighted_index(w, rng)
         largest = int(np.argmax(self._counts))  # ties: the lowest class index
-        members = np.flatnonzero(self.y.numpy() == largest)  # full: the prefix is everything
+        members = np.flatnonzero(self._np["y"] == largest)  # full: the prefix is everything
         if self.replacement == "class_balanced_random":
             return int(members[rng.integers(len(members))])
-        w = 1.0 / (self.loss.numpy()[members].astype(np.float64) + EPS)  # lawcbr
+        w = 1.0 / (self._np["loss"][members].astype(np.float64) + EPS)  # lawcbr
         return int(members[_weighted_index(w, rng)])
 
     def _write(self, slot: int, z: torch.Tensor, y: int, logits: Any, loss: float,
                uncertainty: float) -> None:
         h = torch.as_tensor(logits, dtype=torch.float32).detach().reshape(-1)  # (c,)
-        self.grow_logits(h.numel())
+        c = h.numel()
+        self.grow_logits(c)
+        v = self._np
         self.z[slot] = z
-        self.y[slot] = y
-        self.logits[slot].zero_()
-        self.logits[slot, : h.numel()] = h
-        self.n_logits[slot] = h.numel()
-        self.loss[slot] = loss
-        self.uncertainty[slot] = uncertainty
+        v["y"][slot] = y
+        v["logits"][slot, :c] = h.numpy()
+        v["logits"][slot, c:] = 0.0
+        v["n_logits"][slot] = c
+        v["loss"][slot] = loss
+        v["uncertainty"][slot] = uncertainty
         if y >= len(self._counts):
             self._counts = np.concatenate(
                 [self._counts, np.zeros(max(y + 1, 2 * len(self._counts)) - len(self._counts),
@@ -192,7 +201,7 @@ class ReplayMemory:
             return self.sample_uniform(n, rng)
         if self._size <= n:
             return np.arange(self._size, dtype=np.int64)
-        score = (self.uncertainty if strategy == "uapn" else self.loss).numpy()[: self._size]
+        score = self._np["uncertainty" if strategy == "uapn" else "loss"][: self._size]
         hi = _extreme(score, n // 2, largest=True)
         lo = _extreme(score, n - n // 2, largest=False)
         return np.concatenate([hi, lo])
@@ -205,26 +214,26 @@ class ReplayMemory:
         return rng.choice(self._size, size=k, replace=False).astype(np.int64, copy=False)
 
     # ------------------------------------------------------------------ reading / updating
-    def _slots(self, slots: Any) -> torch.Tensor:
-        s = torch.as_tensor(np.asarray(slots, dtype=np.int64)).reshape(-1)  # (k,)
-        if len(s) and (int(s.min()) < 0 or int(s.max()) >= self._size):
+    def _slots(self, slots: Any) -> np.ndarray:
+        s = np.asarray(slots, dtype=np.int64).reshape(-1)  # (k,)
+        if len(s) and (s.min() < 0 or s.max() >= self._size):
             raise IndexError(f"memory: slots must be in [0, {self._size}), got {s.tolist()}")
         return s
 
     def batch(self, slots: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """(z[slots] (k, d), y[slots] (k,)), copies."""
-        s = self._slots(slots)
+        s = torch.from_numpy(self._slots(slots))
         return self.z[s], self.y[s]
 
     def labels_of(self, slots: Any) -> torch.Tensor:
         """y[slots] (k,)."""
-        return self.y[self._slots(slots)]
+        return torch.from_numpy(self._np["y"][self._slots(slots)])
 
     def distill_targets(self, slots: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """(logits[slots] (k, width), mask (k, width) bool: column < n_logits[slot])."""
         s = self._slots(slots)
-        mask = torch.arange(self.width)[None, :] < self.n_logits[s][:, None]  # (k, width)
-        return self.logits[s], mask
+        mask = np.arange(self.width)[None, :] < self._np["n_logits"][s][:, None]  # (k, width)
+        return torch.from_numpy(self._np["logits"][s]), torch.from_numpy(mask)
 
     def update(self, slots: Any, *, logits: torch.Tensor | None = None,
                loss: torch.Tensor | None = None,
@@ -238,17 +247,19 @@ class ReplayMemory:
                                  f"{tuple(h.shape)}")
             c = h.shape[1]
             self.grow_logits(c)
-            self.logits[s] = torch.nn.functional.pad(h, (0, self.width - c))
-            self.n_logits[s] = c
+            L = self._np["logits"]
+            L[s, :c] = h.numpy()
+            L[s, c:] = 0.0
+            self._np["n_logits"][s] = c
         for name, v in (("loss", loss), ("uncertainty", uncertainty)):
             if v is None:
                 continue
-            v = torch.as_tensor(v, dtype=torch.float32).detach().reshape(-1)  # (k,)
+            v = torch.as_tensor(v, dtype=torch.float32).detach().numpy().reshape(-1)  # (k,)
             if v.shape[0] != len(s):
                 raise ValueError(f"memory.update: {name} must have {len(s)} values")
-            if torch.isnan(v).any() or (name == "loss" and (v < 0).any()):
+            if np.isnan(v).any() or (name == "loss" and (v < 0).any()):
                 raise ValueError(f"memory.update: {name} has NaN or negative values")
-            getattr(self, name)[s] = v
+            self._np[name][s] = v
 
     # ------------------------------------------------------------------ state
     def state(self) -> dict[str, Any]:
@@ -273,6 +284,7 @@ class ReplayMemory:
         for name in ("z", "y", "logits", "n_logits", "loss", "uncertainty"):
             getattr(self, name)[:n] = state[name]
         self._size, self.n_offered = n, int(state["n_offered"])
+        self._views()
         counts = np.bincount(self.y[:n].numpy(), minlength=8).astype(np.int64)
         self._counts = counts  # (n_classes,)
 
