@@ -23,8 +23,9 @@ from ciosl.evaluation.experiment import (
 )
 from ciosl.evaluation.grid import GridError, load_grid, parse_grid, spec_fields, tomllib
 from ciosl.evaluation.protocol import offline_accuracy
-from ciosl.evaluation.sweep import prepare, result_file, run_file, run_sweep
+from ciosl.evaluation.sweep import plan, prepare, result_file, run_file, run_sweep
 from ciosl.learners.ciosl import CIOSL
+from ciosl.learners.tinyer import TinyER
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 TIMING = {"wall_seconds", "samples_per_second", "predict_seconds", "path", "sweep"}
@@ -369,3 +370,18 @@ def test_a_changed_learner_default_changes_the_fingerprint(tmp_path, monkeypatch
                for st in settings]
     monkeypatch.setattr(CIOSL, "settings", classmethod(lambda cls: changed))
     assert prepare(grid)[0].fingerprint != before
+
+
+def test_dry_run_counts_only_the_runs_the_sweep_will_reuse(local_sweep, monkeypatch):
+    """--dry-run reads each run file's settings fingerprint: after a default changes, the
+    cells it changes show no finished run (the sweep recomputes them), the others all."""
+    grid, _ = local_sweep
+    assert all(done == grid.seeds for _, done in plan(grid))
+    changed = [dataclasses.replace(st, default=8) if st.name == "n_replay" else st
+               for st in TinyER.settings()]
+    monkeypatch.setattr(TinyER, "settings", classmethod(lambda cls: changed))
+    counts = {cell.method: len(done) for cell, done in plan(grid)}
+    assert counts == {"ncm": len(grid.seeds), "tinyer": 0}
+    assert {info.cell.method for info in prepare(grid)
+            if info.fingerprint != json.loads(run_file(grid.out, info.cell, 0).read_text())[
+                "fingerprint"]} == {"tinyer"}  # and the sweep agrees

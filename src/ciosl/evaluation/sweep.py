@@ -15,7 +15,10 @@ Work happens in three steps:
 A run file carries the fingerprint of its cell (dataset, ordering, method, resolved settings,
 features, offline settings, regime): re-running the same command skips the runs whose file is
 there with the same fingerprint, so an interrupted sweep resumes where it stopped, and a changed
-setting recomputes exactly the cells it changes. The Omega_all definition (``omega_events``) is
+setting recomputes exactly the cells it changes. The fingerprint is built from a settings
+fingerprint (all of it but the features, known without loading any data) and the features' cache
+key; run files keep both, so ``--dry-run`` counts exactly the runs the sweep will reuse, short of
+a change in the data or the extractor. The Omega_all definition (``omega_events``) is
 not part of the fingerprint: a cell's Omega_all is computed from its runs' per-event accuracies
 when its result is written, so changing it rewrites the results without re-running anything.
 
@@ -80,6 +83,7 @@ class CellInfo:
     fs: FeatureSet  # metadata only: train_z / test_z are emptied
     offline: OfflineSettings
     fingerprint: str
+    settings_fingerprint: str  # all of the fingerprint but the features (``settings_fingerprint``)
 
 
 @dataclass
@@ -142,6 +146,20 @@ def _regime_fields(exp: ExperimentSpec) -> dict[str, Any]:
     return {k: getattr(exp, k) for k in ("regime", "batch_size", "epochs") if hasattr(exp, k)}
 
 
+def settings_fingerprint(exp: ExperimentSpec, spec: DatasetSpec, cls: type[Learner],
+                         settings: dict[str, Any]) -> str:
+    """Everything that makes a run of this cell what it is, except the features: every setting
+    as this code resolves it (a changed default is a changed cell), the offline reference's
+    recipe and the regime. Needs no data."""
+    return _fingerprint({
+        "format": RUN_FORMAT, "dataset": exp.dataset, "ordering": exp.ordering,
+        "method": cls.name,
+        "settings": {**{st.name: st.default for st in cls.settings() if st.name != "seed"},
+                     **settings},
+        "limit_per_class": exp.limit_per_class, "offline": offline_settings(exp, spec).__dict__,
+        **_regime_fields(exp)})
+
+
 def prepare(grid: Grid) -> list[CellInfo]:
     """Validate every cell and load each dataset's features once (the driver's step 1)."""
     metadata: dict[tuple, FeatureSet] = {}
@@ -155,15 +173,9 @@ def prepare(grid: Grid) -> list[CellInfo]:
             metadata[fid] = replace(fs, train_z=fs.train_z[:0], test_z=fs.test_z[:0])
         fs = metadata[fid]
         offline = offline_settings(exp, spec)
-        fingerprint = _fingerprint({
-            "format": RUN_FORMAT, "dataset": exp.dataset, "ordering": exp.ordering,
-            "method": cls.name, "features": fs.key,
-            # every setting as this code resolves it: a changed default is a changed cell
-            "settings": {**{st.name: st.default for st in cls.settings() if st.name != "seed"},
-                         **settings},
-            "limit_per_class": exp.limit_per_class, "offline": offline.__dict__,
-            **_regime_fields(exp)})
-        infos.append(CellInfo(cell, exp, spec, cls, settings, fs, offline, fingerprint))
+        sfp = settings_fingerprint(exp, spec, cls, settings)
+        fingerprint = _fingerprint({"settings": sfp, "features": fs.key})
+        infos.append(CellInfo(cell, exp, spec, cls, settings, fs, offline, fingerprint, sfp))
     return infos
 
 
@@ -475,7 +487,9 @@ def _drive(grid: Grid, out: Path, streams: dict[tuple, _Stream], status: Status,
                     continue
                 atomic_write_json(run_file(out, info.cell, seed), {
                     "format": RUN_FORMAT, "cell": info.cell.id, "seed": seed,
-                    "fingerprint": info.fingerprint, "wall_seconds": value["wall_seconds"],
+                    "fingerprint": info.fingerprint,
+                    "settings_fingerprint": info.settings_fingerprint,
+                    "wall_seconds": value["wall_seconds"],
                     "run": value["run"]})
                 summary.computed += 1
                 status.done += 1
@@ -519,15 +533,28 @@ def _eta(status: Status, workers: int, run_seconds: list[float], offline_seconds
 
 
 def plan(grid: Grid) -> list[tuple[Cell, list[int]]]:
-    """(cell, seeds with a run file) for every cell, without loading any data (--dry-run):
-    one listing of each cell's run folder, whatever the number of seeds."""
+    """(cell, seeds the sweep will not recompute) for every cell, without loading any data
+    (--dry-run): a run counts if its file is there with this code's settings fingerprint of
+    the cell (a run made with other settings or defaults, or by a version that did not record
+    it, will be recomputed)."""
     seeds = set(grid.seeds)
     out = []
     for cell in grid.cells:
+        exp = grid.experiment(cell)
+        spec, cls, settings = validate(exp)
+        sfp = settings_fingerprint(exp, spec, cls, settings)
         folder = Path(grid.out) / "runs" / cell.id
-        names = [p.name for p in folder.glob("seed-*.json")] if folder.is_dir() else []
-        found = {int(m.group(1)) for m in map(_SEED_FILE.fullmatch, names) if m}
-        out.append((cell, sorted(found & seeds)))
+        done = []
+        for path in sorted(folder.glob("seed-*.json")) if folder.is_dir() else []:
+            m = _SEED_FILE.fullmatch(path.name)
+            if m is None or int(m.group(1)) not in seeds:
+                continue
+            saved = read_json(path)
+            if (isinstance(saved, dict) and saved.get("settings_fingerprint") == sfp
+                    and saved.get("seed") == int(m.group(1))
+                    and isinstance(saved.get("run"), dict)):
+                done.append(int(m.group(1)))
+        out.append((cell, sorted(done)))
     return out
 
 
