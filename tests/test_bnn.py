@@ -111,6 +111,16 @@ def test_backward_matches_autograd():
     torch.testing.assert_close(grad, mu.grad, rtol=1e-4, atol=1e-6)
 
 
+def reference_fisher(net, X, eps, G):
+    """mean_r (d(G_r . f_r)/dmu)^2 under the net's current scales, per row by autograd."""
+    out = torch.zeros(net.P)
+    for r in range(len(X)):
+        mu = net.mu.clone().requires_grad_()
+        (G[r] * reference_local_forward(net, mu, X, eps, detach_std=True)[r]).sum().backward()
+        out += mu.grad ** 2 / len(X)
+    return out
+
+
 def test_fisher_estimate_is_the_mean_of_per_row_squared_gradients():
     """accumulate_fisher folds mean_r (d(G_r . f_r)/dmu)^2 into the EMA, f through the mean
     path of this draw (the draw's std held fixed), per row by autograd here."""
@@ -118,11 +128,7 @@ def test_fisher_estimate_is_the_mean_of_per_row_squared_gradients():
     gen = torch.Generator().manual_seed(6)
     X, eps, G = torch.randn(4, 5, generator=gen), noise(4, gen), torch.randn(4, 3, generator=gen)
     _, cache = net.forward_local(X, eps)
-    expected = torch.zeros(net.P)
-    for r in range(4):
-        mu = net.mu.clone().requires_grad_()
-        (G[r] * reference_local_forward(net, mu, X, eps, detach_std=True)[r]).sum().backward()
-        expected += mu.grad ** 2 / 4
+    expected = reference_fisher(net, X, eps, G)
     net.accumulate_fisher(cache, G)
     assert net.fisher_steps == 1
     torch.testing.assert_close(net.fisher, net.fisher_decay * expected, rtol=1e-4, atol=1e-9)
@@ -131,11 +137,7 @@ def test_fisher_estimate_is_the_mean_of_per_row_squared_gradients():
     # a second step is an exponential moving average: keep the old estimate, add the new one
     before, G2 = net.fisher.clone(), 3.0 * G.flip(0)
     _, cache = net.forward_local(X, eps)  # the draw's std under the new scales
-    new = torch.zeros(net.P)
-    for r in range(4):
-        mu = net.mu.clone().requires_grad_()
-        (G2[r] * reference_local_forward(net, mu, X, eps, detach_std=True)[r]).sum().backward()
-        new += mu.grad ** 2 / 4
+    new = reference_fisher(net, X, eps, G2)
     net.accumulate_fisher(cache, G2)
     d = net.fisher_decay
     torch.testing.assert_close(net.fisher, (1 - d) * before + d * new, rtol=1e-4, atol=1e-9)
