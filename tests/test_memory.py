@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import io
+import pickle
 from collections import Counter
 
 import numpy as np
@@ -371,3 +373,19 @@ def test_bad_input_raises_clear_errors():
     mem.offer(torch.zeros(3), 0, logits=torch.zeros(1), loss=1, uncertainty=0, rng=rng)
     with pytest.raises(IndexError):
         mem.update([1], loss=torch.zeros(1))
+
+
+@pytest.mark.parametrize("duplicate", [copy.deepcopy, lambda m: pickle.loads(pickle.dumps(m))],
+                         ids=["deepcopy", "pickle"])
+def test_a_copied_memory_writes_its_own_storage(duplicate):
+    """The bookkeeping writes through numpy views of the storage: a copy must write into its
+    own tensors, and never into the original's."""
+    rng = np.random.default_rng(0)
+    mem = ReplayMemory(4, 3)
+    mem.offer(np.ones(3), 1, logits=torch.zeros(2), loss=0.5, uncertainty=0.1, rng=rng)
+    twin = duplicate(mem)
+    twin.offer(np.full(3, 2.0), 2, logits=torch.ones(2), loss=0.7, uncertainty=0.2, rng=rng)
+    twin.update([0], loss=torch.tensor([0.9]))  # same logit width: no storage is replaced
+    assert twin.y[:2].tolist() == [1, 2] and twin.logits[1].tolist() == [1.0, 1.0]
+    assert twin.loss[:2].tolist() == pytest.approx([0.9, 0.7])
+    assert len(mem) == 1 and mem.y[:2].tolist() == [1, 0] and float(mem.loss[0]) == 0.5

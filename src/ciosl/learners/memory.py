@@ -95,6 +95,15 @@ class ReplayMemory:
         self._np = {name: getattr(self, name).numpy() for name in
                     ("z", "y", "logits", "n_logits", "loss", "uncertainty")}
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Copies and pickles carry the tensors only: a copied view would not alias the copied
+        tensor, so the views are rebuilt on the other side."""
+        return {k: v for k, v in self.__dict__.items() if k != "_np"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._views()
+
     # ------------------------------------------------------------------ sizes
     def __len__(self) -> int:
         return self._size
@@ -284,7 +293,6 @@ class ReplayMemory:
         for name in ("z", "y", "logits", "n_logits", "loss", "uncertainty"):
             getattr(self, name)[:n] = state[name]
         self._size, self.n_offered = n, int(state["n_offered"])
-        self._views()
         counts = np.bincount(self.y[:n].numpy(), minlength=8).astype(np.int64)
         self._counts = counts  # (n_classes,)
 
