@@ -320,6 +320,17 @@ def test_settings_and_protocol_defaults():
         CIOSL(prior_refresh="sometimes")
     with pytest.raises(ValueError, match="mc_samples"):
         CIOSL(mc_samples=0)
+    for bad in (0.0, 1.5):
+        with pytest.raises(ValueError, match=r"fisher_decay must be in \(0, 1\]"):
+            CIOSL(fisher_decay=bad)
+
+
+@pytest.mark.parametrize("method", ["ciosl", "vcl", "vcl_coreset", "coreset_only"])
+def test_fisher_decay_reaches_the_head_of_every_bayesian_learner(method):
+    Z, y = blobs([0, 1], 10, seed=1)
+    learner = make_learner(method, fisher_decay=0.25).fit_base(Z, y)
+    assert learner.net.fisher_decay == 0.25
+    assert learner.clone().fisher_decay == 0.25
 
 
 def test_mc_prediction_is_repeatable_and_uses_no_training_randomness():

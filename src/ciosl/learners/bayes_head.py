@@ -55,7 +55,7 @@ from ciosl.learners.bnn import BayesMLP
 from ciosl.learners.head import HIDDEN, SGD, check_finite, clip_grad_norm_
 
 REFRESHES = ("every", "class", "base", "step")
-FISHER_DECAY = 0.01  # EMA rate of the Fisher estimate: ~100 steps, ~1700 rows
+FISHER_DECAY = 0.01  # EMA rate of the Fisher estimate (~100 steps) of VCL and the coreset methods
 # gradient-norm clip of the Bayesian heads' step: the MLP heads' 1 slowed a new class's learning
 # on short streams (conformance: 0.5 vs 0.95 accuracy on a class seen 10 times) while 1, 3 and
 # 10 tie on the development streams (digits class-iid Omega_all 0.966 / 0.967 / 0.965)
@@ -67,6 +67,8 @@ _MINUS_ONE = torch.tensor(-1.0)
 BAYES_HELP = {
     "lambda1": "weight of the KL(q || prior) term of the tempered ELBO (T / N per sample)",
     "temperature": "T: posterior temperature; precision = prior + (N / T) * Fisher, KL x T / N",
+    "fisher_decay": "rate of the running Fisher's EMA (its memory is ~1 / rate updates); "
+                    "the precision is prior + (N / T) * that Fisher",
     "prior_scale": "s: initial prior N(0, s^2 / fan_in) per layer",
     "mc_samples": "k: weight draws for the uncertainty score and for prediction=mc",
     "prior_refresh": "when the prior becomes the posterior: every R samples, at a new "
@@ -125,7 +127,7 @@ class BayesHead(Learner):
     docstring), base training and prediction.
 
     Not registered. A subclass provides, as settings or class attributes: ``lambda1``,
-    ``temperature``, ``prior_scale``, ``mc_samples``, ``prior_refresh`` (one of ``REFRESHES``,
+    ``temperature``, ``fisher_decay``, ``prior_scale``, ``mc_samples``, ``prior_refresh`` (one of ``REFRESHES``,
     or ``"never"``: the prior stays the initial prior forever), ``refresh_every``,
     ``prediction``, ``lr``, ``max_grad_norm``, ``momentum``, ``weight_decay``, ``base_epochs``,
     ``base_batch_size``; and ``lambda2`` if it gives ``_step`` distillation rows."""
@@ -138,6 +140,7 @@ class BayesHead(Learner):
         return [
             ("lambda1", self.lambda1 >= 0, ">= 0"),
             ("temperature", self.temperature > 0, "> 0"),
+            ("fisher_decay", 0 < self.fisher_decay <= 1, "in (0, 1]"),
             ("prior_scale", self.prior_scale > 0, "> 0"),
             ("mc_samples", self.mc_samples >= 1, ">= 1"),
             ("refresh_every", self.refresh_every >= 1, ">= 1"),
@@ -156,7 +159,7 @@ class BayesHead(Learner):
     # ------------------------------------------------------------------ state
     def _new_net(self, dim: int, n_out: int, generator: torch.Generator) -> BayesMLP:
         return BayesMLP(dim, n_out, HIDDEN, prior_scale=self.prior_scale,
-                        fisher_decay=FISHER_DECAY, generator=generator)
+                        fisher_decay=self.fisher_decay, generator=generator)
 
     def _new_opt(self, net: BayesMLP) -> FlatSGD:
         return FlatSGD([net.mu], lr=self.lr, momentum=self.momentum,

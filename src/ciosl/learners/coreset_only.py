@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from ciosl.learners.base import register
-from ciosl.learners.bayes_head import BAYES_MAX_GRAD_NORM, BayesHead
+from ciosl.learners.bayes_head import BAYES_MAX_GRAD_NORM, FISHER_DECAY, BayesHead
 from ciosl.learners.vcl_coreset import VCLCoreset
 
 
@@ -43,7 +43,8 @@ class CoresetOnly(VCLCoreset):
     def __init__(self, *, buffer: int = 1000, replacement: str = "reservoir",
                  finetune_epochs: int = 10, finetune_batch_size: int = 16,
                  lambda1: float = 1.0, prediction: str = "mean", mc_samples: int = 5,
-                 temperature: float = 1e-4, prior_scale: float = 1.0, lr: float = 0.01,
+                 temperature: float = 1e-4,
+                 fisher_decay: float = FISHER_DECAY, prior_scale: float = 1.0, lr: float = 0.01,
                  max_grad_norm: float = BAYES_MAX_GRAD_NORM,
                  momentum: float = 0.9, weight_decay: float = 1e-5, base_epochs: int = 10,
                  base_batch_size: int = 16, seed: int = 0):
@@ -56,6 +57,7 @@ class CoresetOnly(VCLCoreset):
         self.prediction = prediction
         self.mc_samples = mc_samples
         self.temperature = temperature
+        self.fisher_decay = fisher_decay
         self.prior_scale = prior_scale
         self.lr = lr
         self.max_grad_norm = max_grad_norm

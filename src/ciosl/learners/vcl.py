@@ -37,7 +37,13 @@ import numpy as np
 import torch
 
 from ciosl.learners.base import register
-from ciosl.learners.bayes_head import BAYES_HELP, BAYES_MAX_GRAD_NORM, REFRESHES, BayesHead
+from ciosl.learners.bayes_head import (
+    BAYES_HELP,
+    BAYES_MAX_GRAD_NORM,
+    FISHER_DECAY,
+    REFRESHES,
+    BayesHead,
+)
 
 
 @register
@@ -55,7 +61,8 @@ class VCL(BayesHead):
 
     def __init__(self, *, lambda1: float = 1.0, prior_refresh: str = "every",
                  refresh_every: int = 500, prediction: str = "mean", mc_samples: int = 5,
-                 temperature: float = 1e-4, prior_scale: float = 1.0, lr: float = 0.01,
+                 temperature: float = 1e-4,
+                 fisher_decay: float = FISHER_DECAY, prior_scale: float = 1.0, lr: float = 0.01,
                  max_grad_norm: float = BAYES_MAX_GRAD_NORM,
                  momentum: float = 0.9, weight_decay: float = 1e-5, base_epochs: int = 10,
                  base_batch_size: int = 16, seed: int = 0):
@@ -65,6 +72,7 @@ class VCL(BayesHead):
         self.prediction = prediction
         self.mc_samples = mc_samples
         self.temperature = temperature
+        self.fisher_decay = fisher_decay
         self.prior_scale = prior_scale
         self.lr = lr
         self.max_grad_norm = max_grad_norm

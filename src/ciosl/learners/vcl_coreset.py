@@ -53,7 +53,7 @@ import numpy as np
 import torch
 
 from ciosl.learners.base import register
-from ciosl.learners.bayes_head import BAYES_MAX_GRAD_NORM
+from ciosl.learners.bayes_head import BAYES_MAX_GRAD_NORM, FISHER_DECAY
 from ciosl.learners.bnn import BayesMLP
 from ciosl.learners.memory import ReplayMemory
 from ciosl.learners.vcl import VCL
@@ -87,6 +87,7 @@ class VCLCoreset(VCL):
                  finetune_epochs: int = 10, finetune_batch_size: int = 16,
                  lambda1: float = 1.0, prior_refresh: str = "every", refresh_every: int = 500,
                  prediction: str = "mean", mc_samples: int = 5, temperature: float = 1e-4,
+                 fisher_decay: float = FISHER_DECAY,
                  prior_scale: float = 1.0, lr: float = 0.01,
                  max_grad_norm: float = BAYES_MAX_GRAD_NORM, momentum: float = 0.9,
                  weight_decay: float = 1e-5, base_epochs: int = 10, base_batch_size: int = 16,
@@ -97,7 +98,8 @@ class VCLCoreset(VCL):
         self.finetune_batch_size = finetune_batch_size
         super().__init__(lambda1=lambda1, prior_refresh=prior_refresh,
                          refresh_every=refresh_every, prediction=prediction,
-                         mc_samples=mc_samples, temperature=temperature, prior_scale=prior_scale,
+                         mc_samples=mc_samples, temperature=temperature,
+                         fisher_decay=fisher_decay, prior_scale=prior_scale,
                          lr=lr, max_grad_norm=max_grad_norm, momentum=momentum,
                          weight_decay=weight_decay, base_epochs=base_epochs,
                          base_batch_size=base_batch_size, seed=seed)
