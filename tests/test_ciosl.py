@@ -314,6 +314,11 @@ def test_memory_never_exceeds_capacity():
 def test_settings_and_protocol_defaults():
     assert CIOSL.protocol_defaults(ordering="iid") == {"selection": "uniform"}
     assert CIOSL.protocol_defaults(ordering="class_iid") == {}
+    assert CIOSL.protocol_defaults(ordering="instance") == {"selection": "uniform"}
+    assert CIOSL.protocol_defaults(ordering="class_instance") == {}
+    assert CIOSL().selection == "uapn"  # a deployed learner, no ordering: the paper's UAPN
+    assert CIOSL.paper_values_for("instance")["selection"] == "uapn"
+    assert CIOSL.paper_values_for("iid")["selection"] == "uniform"
     with pytest.raises(ValueError, match="n_replay"):
         CIOSL(buffer=8, n_replay=16)
     with pytest.raises(ValueError, match="valid choices"):

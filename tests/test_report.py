@@ -135,6 +135,20 @@ def test_main_table_bolds_the_best_single_pass_method_and_marks_violations(html_
     assert float(got["Offline accuracy (Offline-hat)"][1]) > 0.5
 
 
+def test_a_default_that_departs_from_the_paper_on_one_ordering_is_labelled_there(template,
+                                                                                 tmp_path):
+    """CIOSL replays uniformly on the instance ordering where the paper uses UAPN: that cell's
+    row says so; on iid (uniform) and the class orderings (UAPN) it follows the paper."""
+    for ordering in ("iid", "instance", "class_instance"):
+        fake(template, tmp_path, "ciosl", ordering, 0.9)
+    got = {e.column.ordering: e for e in load_entries(tmp_path)}
+    assert got["instance"].unpaper["selection"] == "uniform"
+    assert got["instance"].label == CIOSL.replace("temperature", "selection=uniform, temperature")
+    assert got["iid"].label == got["class_instance"].label == CIOSL
+    assert got["iid"].effective["selection"] == "uniform"
+    assert got["class_instance"].effective["selection"] == "uapn"
+
+
 def test_settings_a_sweep_grid_fixes_stay_in_the_main_table_with_a_label(template, tmp_path):
     def swept(path: Path, variant: str, given: dict) -> None:
         data = json.loads(path.read_text())

@@ -230,6 +230,12 @@ class Learner:
     # use another value, and results written before the setting existed ran at this value
     paper_values: ClassVar[dict[str, Any]] = {}
 
+    @classmethod
+    def paper_values_for(cls, ordering: str) -> dict[str, Any]:
+        """``paper_values`` on one ordering: a subclass adds the paper's choices that depend on
+        the ordering (CIOSL's replay selection)."""
+        return dict(cls.paper_values)
+
     # ------------------------------------------------------------------ settings
     @classmethod
     def settings(cls) -> list[Setting]:

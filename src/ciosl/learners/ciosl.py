@@ -63,6 +63,8 @@ DISTILL_WHEN = ("always", "class_growth")
 # CIOSL's Fisher EMA remembers ~1000 updates, not the Bayesian heads' ~100 (bayes_head.py):
 # chosen on the development streams, 10 paired runs (README, CIOSL's Bayesian head)
 CIOSL_FISHER_DECAY = 0.001
+# orderings on which the benchmark protocol replays uniformly (the paper: iid only; README)
+UNIFORM_ORDERINGS = ("iid", "instance")
 
 
 @register
@@ -139,10 +141,18 @@ class CIOSL(BayesHead):
 
     @classmethod
     def protocol_defaults(cls, *, ordering: str, spec: Any = None) -> dict[str, Any]:
-        """The dataset's base-init recipe (``Learner.protocol_defaults``); the paper uses uniform
-        replay selection for the iid ordering, UAPN otherwise."""
+        """The dataset's base-init recipe (``Learner.protocol_defaults``) and uniform replay
+        selection on the orderings whose base init holds every class (iid, instance), UAPN on
+        the class orderings. The paper uses UAPN on instance too (``paper_values_for``);
+        uniform measured above it there on the development stream (README)."""
         out = super().protocol_defaults(ordering=ordering, spec=spec)
-        return {**out, "selection": "uniform"} if ordering == "iid" else out
+        return {**out, "selection": "uniform"} if ordering in UNIFORM_ORDERINGS else out
+
+    @classmethod
+    def paper_values_for(cls, ordering: str) -> dict[str, Any]:
+        """The paper replays uniformly on the iid ordering and with UAPN on every other."""
+        return {**super().paper_values_for(ordering),
+                "selection": "uniform" if ordering == "iid" else "uapn"}
 
     def _conditions(self) -> list[tuple[str, bool, str]]:
         return [*super()._conditions(), ("lambda2", self.lambda2 >= 0, ">= 0"),

@@ -135,11 +135,11 @@ def _class_defaults(method: str) -> str | None:
 
 
 @cache
-def _paper_values(method: str) -> str:
+def _paper_values(method: str, ordering: str) -> str:
     from ciosl.learners.base import get_method
 
     try:
-        return json.dumps(_jsonable(get_method(method).paper_values))
+        return json.dumps(_jsonable(get_method(method).paper_values_for(ordering)))
     except ValueError:
         return "{}"
 
@@ -226,7 +226,7 @@ def make_entry(data: dict, path: Path, omega_events: str = "after_base") -> Entr
     base = _class_defaults(method)
     defaults = _cell_defaults(method, dataset, ordering)
     assumed = defaults if legacy and defaults is not None else base
-    paper = json.loads(_paper_values(method))
+    paper = json.loads(_paper_values(method, ordering))
     then = {k: v for k, v in paper.items() if k not in settings} if legacy else {}
     effective = {**(json.loads(assumed) if assumed else {}), **then, **_jsonable(settings)}
     sweep = data.get("sweep") if isinstance(data.get("sweep"), dict) else {}

@@ -120,6 +120,9 @@ UNPAPER_WHY = {
     "max_grad_norm": "each SGD step's gradient clipped to that norm, which keeps one-sample "
                      "steps at the paper's lr 0.01 from diverging; the paper's plain SGD is "
                      "max_grad_norm=inf",
+    "selection": "CIOSL's replay selection on the instance ordering is uniform: the paper's "
+                 "UAPN measured below it on the development stream (README, CIOSL's Bayesian "
+                 "head); UAPN on the class orderings and uniform on iid are the paper's",
     "temperature": "the Bayesian head's posterior temperature T, a cold posterior whose "
                    "likelihood counts 1/T times; the paper's ELBO is T=1, which measures "
                    "below a point estimate here (README, CIOSL's Bayesian head)",
