@@ -41,8 +41,9 @@ def fake(template: dict, folder: Path, method: str, ordering: str, omega: float,
          name: str | None = None, regime: str | None = None, **overrides) -> Path:
     """A result as `ciosl run --method METHOD --set ...` writes it, with Omega_all ``omega``."""
     cls = get_method(method)
-    settings = resolve_settings(cls, get_spec("digits"), ordering, None,
-                                {k: str(v) for k, v in overrides.items()})
+    settings = {s.name: s.default for s in cls.settings() if s.name != "seed"}  # as a run
+    settings.update(resolve_settings(cls, get_spec("digits"), ordering, None,
+                                     {k: str(v) for k, v in overrides.items()}))
     data = copy.deepcopy(template)
     data.update(method=method, ordering=ordering,
                 violates_single_pass=cls.violates_single_pass or regime == "batch",
@@ -147,6 +148,26 @@ def test_a_default_that_departs_from_the_paper_on_one_ordering_is_labelled_there
     assert got["iid"].label == got["class_instance"].label == CIOSL
     assert got["iid"].effective["selection"] == "uniform"
     assert got["class_instance"].effective["selection"] == "uapn"
+
+
+def test_a_result_written_before_a_setting_existed_is_read_at_the_value_it_ran_at(template,
+                                                                                  tmp_path):
+    """CIOSL's fisher_decay was the constant 0.01 before it was a setting (default 0.001 now): a
+    result that does not record it ran at 0.01, so it is a variant, not the default row."""
+    old = fake(template, tmp_path, "ciosl", "class_iid", 0.9, name="old")
+    data = json.loads(old.read_text())
+    del data["settings"]["fisher_decay"]
+    old.write_text(json.dumps(data))
+    fake(template, tmp_path, "ciosl", "class_iid", 0.95, name="new")
+    vcl = fake(template, tmp_path, "vcl", "class_iid", 0.4, name="vcl")
+    data = json.loads(vcl.read_text())
+    del data["settings"]["fisher_decay"]
+    vcl.write_text(json.dumps(data))
+    got = {e.path.stem: e for e in load_entries(tmp_path)}
+    assert got["old"].effective["fisher_decay"] == 0.01
+    assert got["old"].diff == {"fisher_decay": 0.01}
+    assert got["new"].diff == {} and got["new"].effective["fisher_decay"] == 0.001
+    assert got["vcl"].diff == {}  # VCL's default is still the old constant
 
 
 def test_settings_a_sweep_grid_fixes_stay_in_the_main_table_with_a_label(template, tmp_path):

@@ -230,6 +230,11 @@ class Learner:
     # use another value, and results written before the setting existed ran at this value
     paper_values: ClassVar[dict[str, Any]] = {}
 
+    # settings added after results began recording every setting, with the value the results
+    # written before them ran at: reports read a result that lacks one at that value, not at
+    # today's default (which may differ)
+    added_settings: ClassVar[dict[str, Any]] = {}
+
     @classmethod
     def paper_values_for(cls, ordering: str) -> dict[str, Any]:
         """``paper_values`` on one ordering: a subclass adds the paper's choices that depend on

@@ -134,6 +134,8 @@ class BayesHead(Learner):
 
     # the paper trains with plain SGD and an untempered KL (reports label other values)
     paper_values: ClassVar[dict[str, Any]] = {"max_grad_norm": math.inf, "temperature": 1.0}
+    # the Fisher EMA rate was a constant, 0.01, before it was a setting
+    added_settings: ClassVar[dict[str, Any]] = {"fisher_decay": 0.01}
 
     def _conditions(self) -> list[tuple[str, bool, str]]:
         """(setting, valid, requirement) triples checked by ``_check_settings``."""
