@@ -338,6 +338,15 @@ def test_fisher_decay_reaches_the_head_of_every_bayesian_learner(method):
     assert learner.clone().fisher_decay == 0.25
 
 
+def test_a_state_saved_before_fisher_decay_was_a_setting_continues_at_its_old_rate():
+    learner = trained()
+    sd = learner.state_dict()
+    del sd["params"]["fisher_decay"]  # as ciosl wrote it when the rate was the constant 0.01
+    loaded = CIOSL().load_state_dict(sd)
+    assert loaded.fisher_decay == loaded.net.fisher_decay == 0.01
+    assert CIOSL().load_state_dict(learner.state_dict()).net.fisher_decay == 0.001
+
+
 def test_mc_prediction_is_repeatable_and_uses_no_training_randomness():
     learner = trained(prediction="mc")
     Z, _ = blobs([0, 1, 2], 5, seed=8)

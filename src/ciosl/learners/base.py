@@ -594,7 +594,8 @@ class Learner:
     def _apply_state(self, sd: dict[str, Any]) -> None:
         if sd.get("method") != self.name:
             raise ValueError(f"state of method {sd.get('method')!r} given to {self.name!r}")
-        for k, v in sd["params"].items():
+        added = {k: v for k, v in type(self).added_settings.items() if k not in sd["params"]}
+        for k, v in {**added, **sd["params"]}.items():  # a state older than a setting: its value
             setattr(self, k, v)
         self._reset()
         self.dim_ = sd["dim"]
