@@ -97,7 +97,8 @@ def reference_objective(before, mu, x, y, rec):
     {"selection": "lapn", "replacement": "lawcbr", "mc_samples": 1},
     {"prior_refresh": "base", "n_distill": 10, "lambda2": 0.5, "temperature": 0.1},
     {"max_grad_norm": float("inf"), "lambda2": 0.1},
-], ids=["defaults", "plain-nll", "lapn-k1", "base-prior", "unclipped"])
+    {"train_noise": False},
+], ids=["defaults", "plain-nll", "lapn-k1", "base-prior", "unclipped", "mean-weights"])
 def test_step_follows_the_gradient_of_the_objective(settings):
     learner = trained(**settings)
     before = copy.deepcopy(learner)
@@ -119,6 +120,17 @@ def test_step_follows_the_gradient_of_the_objective(settings):
     assert (learner.net.mu != theta).any()
     assert learner.net.fisher_steps == before.net.fisher_steps + 1  # and the scales moved
     assert not torch.equal(learner.net.sigma(), before.net.sigma())
+
+
+@pytest.mark.parametrize("train_noise", [True, False])
+def test_train_noise_off_trains_on_the_means_and_still_scores_with_draws(train_noise):
+    learner = trained(train_noise=train_noise)
+    rec = Recorder(learner)
+    x, y = blobs([2], 1, seed=3)
+    learner.learn_one(x[0], int(y[0]))
+    n = 1 + 16 + 16  # the new sample, N1' replayed, N2' distilled rows
+    assert all(bool((e[:n] == 0).all()) != train_noise for e in rec.eps)
+    assert all(bool((e[n:] != 0).any()) for e in rec.eps)  # the scores' further draws
 
 
 def test_posterior_scales_are_learned_from_the_stream():

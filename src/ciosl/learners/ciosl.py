@@ -89,6 +89,9 @@ class CIOSL(BayesHead):
                         "brought a class that base init did not have",
         "rescore_distilled": "refresh the loss and uncertainty scores of the items drawn for "
                              "distillation too (their logits targets stay)",
+        "train_noise": "train on one draw of the posterior (local reparameterization); false: "
+                       "on the posterior means (ablation; the uncertainty score keeps its "
+                       "k - 1 further draws)",
         "seed": "seed of the init, the noise draws and the memory's choices",
     }
     # the paper's lambda2 = 0.3, distilling from the first step (reports label other values)
@@ -110,6 +113,7 @@ class CIOSL(BayesHead):
                  prior_refresh: str = "every",
                  refresh_every: int = 500, prediction: str = "mean", temperature: float = 1e-4,
                  fisher_decay: float = CIOSL_FISHER_DECAY,
+                 train_noise: bool = True,
                  prior_scale: float = 1.0, lr: float = 0.01,
                  max_grad_norm: float = BAYES_MAX_GRAD_NORM, momentum: float = 0.9,
                  weight_decay: float = 1e-5, base_epochs: int = 10, base_batch_size: int = 16,
@@ -130,6 +134,7 @@ class CIOSL(BayesHead):
         self.prediction = prediction
         self.temperature = temperature
         self.fisher_decay = fisher_decay
+        self.train_noise = train_noise
         self.prior_scale = prior_scale
         self.lr = lr
         self.max_grad_norm = max_grad_norm
