@@ -127,8 +127,8 @@ class BayesHead(Learner):
     docstring), base training and prediction.
 
     Not registered. A subclass provides, as settings or class attributes: ``lambda1``,
-    ``temperature``, ``fisher_decay``, ``prior_scale``, ``mc_samples``, ``prior_refresh`` (one of ``REFRESHES``,
-    or ``"never"``: the prior stays the initial prior forever), ``refresh_every``,
+    ``temperature``, ``fisher_decay``, ``prior_scale``, ``mc_samples``, ``prior_refresh`` (one
+    of ``REFRESHES``, or ``"never"``: the prior stays the initial prior forever), ``refresh_every``,
     ``prediction``, ``lr``, ``max_grad_norm``, ``momentum``, ``weight_decay``, ``base_epochs``,
     ``base_batch_size``; and ``lambda2`` if it gives ``_step`` distillation rows."""
 

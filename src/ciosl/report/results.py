@@ -14,9 +14,9 @@ was left out, averaged every event) is recomputed from its runs' per-event accur
 and new results never mix definitions. Results that predate ciosl recording every setting
 (``legacy``) have the settings they did not record taken as this version's cell defaults,
 except those added since as departures from the paper (``Learner.paper_values``, e.g. gradient
-clipping): those results ran at the paper's value. A result without a setting added since it was written
-(``Learner.added_settings``, e.g. CIOSL's ``fisher_decay``) ran at the value the method had
-before the setting existed, not at today's default.
+clipping): those results ran at the paper's value. A result without a setting added since it
+was written (``Learner.added_settings``, e.g. CIOSL's ``fisher_decay``) ran at the value the
+method had before the setting existed, not at today's default.
 
 Settings whose value is not the paper's (``Learner.paper_values``, e.g. ``max_grad_norm=1``) are
 part of the method's label, as grid-fixed ones are (``unpaper``), so no table row passes a
@@ -137,23 +137,17 @@ def _class_defaults(method: str) -> str | None:
 
 
 @cache
-def _paper_values(method: str, ordering: str) -> str:
+def _reading(method: str, ordering: str) -> str:
+    """The method's paper values on the ordering and its added settings (JSON text, cached):
+    what a result that lacks a setting ran at."""
     from ciosl.learners.base import get_method
 
     try:
-        return json.dumps(_jsonable(get_method(method).paper_values_for(ordering)))
+        cls = get_method(method)
     except ValueError:
-        return "{}"
-
-
-@cache
-def _added_settings(method: str) -> str:
-    from ciosl.learners.base import get_method
-
-    try:
-        return json.dumps(_jsonable(get_method(method).added_settings))
-    except ValueError:
-        return "{}"
+        return json.dumps([{}, {}])
+    return json.dumps([_jsonable(cls.paper_values_for(ordering)),
+                       _jsonable(cls.added_settings)])
 
 
 @cache
@@ -238,9 +232,9 @@ def make_entry(data: dict, path: Path, omega_events: str = "after_base") -> Entr
     base = _class_defaults(method)
     defaults = _cell_defaults(method, dataset, ordering)
     assumed = defaults if legacy and defaults is not None else base
-    paper = json.loads(_paper_values(method, ordering))
+    paper, added = json.loads(_reading(method, ordering))
     then = {k: v for k, v in paper.items() if k not in settings} if legacy else {}
-    added = {k: v for k, v in json.loads(_added_settings(method)).items() if k not in settings}
+    added = {k: v for k, v in added.items() if k not in settings}
     effective = {**(json.loads(assumed) if assumed else {}), **then, **added,
                  **_jsonable(settings)}
     sweep = data.get("sweep") if isinstance(data.get("sweep"), dict) else {}
