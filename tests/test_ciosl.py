@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from ciosl.learners import make_learner
+from ciosl.learners.bayes_head import scores
 from ciosl.learners.bnn import kl_diag_gauss
 from ciosl.learners.ciosl import CIOSL
 
@@ -39,12 +40,14 @@ class Recorder:
 
     def __init__(self, learner):
         self.eps, self.replay, self.distill = None, None, None
+        self.draws = []  # every noise draw of the step, in order (train_draws > 1: several)
         draw, mem = learner._draw_noise, learner.memory
         select, uniform = mem.select, mem.sample_uniform
 
         def rec_draw(rows):
-            self.eps = draw(rows)
-            return self.eps
+            self.draws.append(draw(rows))
+            self.eps = self.draws[0]
+            return self.draws[-1]
 
         def rec_select(*a, **kw):
             self.replay = select(*a, **kw)
@@ -61,7 +64,9 @@ def reference_objective(before, mu, x, y, rec):
     """The stated objective, written independently with autograd: mean CE over the new sample
     and the replayed items + lambda2 * (squared distance over each distilled item's recorded
     logits, mean over the items) + lambda1 * T / N * KL(q || prior), f from one
-    local-reparameterization draw per row; the scales are the posterior's (not optimized)."""
+    local-reparameterization draw per row (train_draws > 1: the mean of the likelihood and
+    distillation terms over the step's draws); the scales are the posterior's (not
+    optimized)."""
     mem, net = before.memory, before.net
     X, Y = [torch.from_numpy(x)[None]], [torch.tensor([y])]
     if rec.replay is not None:
@@ -74,19 +79,23 @@ def reference_objective(before, mu, x, y, rec):
     N = before.n_seen_ + 1
     net.evidence = N / before.temperature  # what the step uses
     sigma = net.sigma()
-    h = X
     mus, sigmas = net.views(mu), net.views(sigma)
-    for i in range(net.n_layers):
-        mean = h @ mus[2 * i].T + mus[2 * i + 1]
-        var = (h ** 2) @ (sigmas[2 * i] ** 2).T + sigmas[2 * i + 1] ** 2
-        a = mean + var.sqrt() * rec.eps[i][:n]
-        h = torch.relu(a) if i < net.n_layers - 1 else a
-    obj = F.cross_entropy(h[:n_ce], Y)
-    if rec.distill is not None and before.lambda2:
-        s = torch.from_numpy(rec.distill)
-        H, count = mem.logits[s], mem.n_logits[s]
-        mask = torch.arange(H.shape[1])[None, :] < count[:, None]
-        obj = obj + before.lambda2 * (((h[n_ce:] - H) * mask) ** 2).sum() / len(s)
+    obj = 0.0
+    for eps in rec.draws:  # train_draws > 1: the objective's mean over the draws
+        h = X
+        for i in range(net.n_layers):
+            mean = h @ mus[2 * i].T + mus[2 * i + 1]
+            var = (h ** 2) @ (sigmas[2 * i] ** 2).T + sigmas[2 * i + 1] ** 2
+            noise = eps[i][:n] if before.train_noise else 0.0
+            a = mean + var.sqrt() * noise
+            h = torch.relu(a) if i < net.n_layers - 1 else a
+        obj = obj + F.cross_entropy(h[:n_ce], Y)
+        if rec.distill is not None and before.lambda2:
+            s = torch.from_numpy(rec.distill)
+            H, count = mem.logits[s], mem.n_logits[s]
+            mask = torch.arange(H.shape[1])[None, :] < count[:, None]
+            obj = obj + before.lambda2 * (((h[n_ce:] - H) * mask) ** 2).sum() / len(s)
+    obj = obj / len(rec.draws)
     kl = kl_diag_gauss(mu, sigma, net.prior_mu, net.prior_sigma)
     return obj + before.lambda1 * before.temperature / N * kl
 
@@ -98,7 +107,10 @@ def reference_objective(before, mu, x, y, rec):
     {"prior_refresh": "base", "n_distill": 10, "lambda2": 0.5, "temperature": 0.1},
     {"max_grad_norm": float("inf"), "lambda2": 0.1},
     {"train_noise": False},
-], ids=["defaults", "plain-nll", "lapn-k1", "base-prior", "unclipped", "mean-weights"])
+    {"train_draws": 3},
+    {"train_draws": 2, "train_noise": False, "uncertainty": "epistemic"},
+], ids=["defaults", "plain-nll", "lapn-k1", "base-prior", "unclipped", "mean-weights",
+        "three-draws", "two-mean-draws"])
 def test_step_follows_the_gradient_of_the_objective(settings):
     learner = trained(**settings)
     before = copy.deepcopy(learner)
@@ -120,6 +132,40 @@ def test_step_follows_the_gradient_of_the_objective(settings):
     assert (learner.net.mu != theta).any()
     assert learner.net.fisher_steps == before.net.fisher_steps + 1  # and the scales moved
     assert not torch.equal(learner.net.sigma(), before.net.sigma())
+
+
+def test_epistemic_uncertainty_is_the_mutual_information_of_label_and_weights():
+    """scores(): with k = 2 draws of 3 rows (R = n + m = 6, n = 3): row 0's draws agree on a
+    flat softmax (entropy log 2, epistemic 0), row 1's draws are confident and disagree
+    (entropy log 2, epistemic log 2), row 2's agree and are confident (both ~0)."""
+    big = 30.0
+    first = torch.tensor([[0.0, 0.0], [big, 0.0], [big, 0.0]])
+    second = torch.tensor([[0.0, 0.0], [0.0, big], [big, 0.0]])
+    logits = torch.cat([first, second])  # (6, 2): training draws, then the further draws
+    Y = torch.tensor([0, 0, 0])
+    P = logits.softmax(1)
+    _, total, h = scores(logits, P, Y, 3, 2)
+    _, epi, _ = scores(logits, P, Y, 3, 2, epistemic=True)
+    log2 = float(np.log(2.0))
+    torch.testing.assert_close(total, torch.tensor([log2, log2, 0.0]), atol=1e-6, rtol=0)
+    torch.testing.assert_close(epi, torch.tensor([0.0, log2, 0.0]), atol=1e-6, rtol=0)
+    torch.testing.assert_close(h, (first + second) / 2)
+    _, one, _ = scores(logits[:3], P[:3], Y, 3, 1, epistemic=True)  # one draw: no spread
+    assert torch.equal(one, torch.zeros(3))
+
+
+def test_uncertainty_setting_chooses_the_score_the_memory_ranks_by():
+    """Same learner, same draws: the epistemic score is the part of the entropy the weights'
+    spread causes (0 <= epistemic <= entropy)."""
+    learner = trained(uncertainty="epistemic")
+    mem = learner.memory
+    X, Y = mem.z[:len(mem)], mem.y[:len(mem)]
+    state = learner.torch_rng.get_state()
+    _, epi, _ = learner._score_batch(X, Y)
+    learner.torch_rng.set_state(state)
+    learner.uncertainty = "entropy"
+    _, ent, _ = learner._score_batch(X, Y)
+    assert (epi >= 0).all() and (epi <= ent + 1e-6).all() and (epi < ent).any()
 
 
 @pytest.mark.parametrize("train_noise", [True, False])
@@ -340,6 +386,9 @@ def test_settings_and_protocol_defaults():
     for bad in (0.0, 1.5):
         with pytest.raises(ValueError, match=r"fisher_decay must be in \(0, 1\]"):
             CIOSL(fisher_decay=bad)
+    for bad in ({"train_draws": 0}, {"candidates": -1}, {"uncertainty": "aleatoric"}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            CIOSL(**bad)
 
 
 @pytest.mark.parametrize("method", ["ciosl", "vcl", "vcl_coreset", "coreset_only"])

@@ -286,6 +286,51 @@ def test_selection_picks_distinct_extreme_slots(data, size, strategy, n):
     assert np.array_equal(slots, again)  # deterministic, no randomness used
 
 
+@settings(max_examples=100, deadline=None)
+@given(
+    data=st.data(),
+    size=st.integers(1, 40),
+    strategy=st.sampled_from(["uapn", "lapn"]),
+    n=st.integers(0, 20),
+    candidates=st.integers(1, 45),
+)
+def test_selection_from_a_candidate_pool_takes_the_pools_extremes(data, size, strategy, n,
+                                                                  candidates):
+    """candidates > 0: the extremes of a pool of max(candidates, n) items drawn uniformly
+    (the same draw sample_uniform makes); a pool as large as the memory is the memory."""
+    score = st.integers(0, 5).map(float)
+    loss = data.draw(st.lists(score, min_size=size, max_size=size))
+    unc = data.draw(st.lists(score, min_size=size, max_size=size))
+    mem = filled(loss, unc)
+    slots = mem.select(n, strategy, np.random.default_rng(7), candidates)
+    assert len(slots) == min(n, size) and len(set(slots.tolist())) == len(slots)
+    if candidates >= size or n >= size:
+        assert np.array_equal(slots, mem.select(n, strategy, np.random.default_rng(8)))
+        return
+    pool = np.sort(mem.sample_uniform(max(candidates, n), np.random.default_rng(7)))
+    assert set(slots.tolist()) <= set(pool.tolist())
+    v = np.array(unc if strategy == "uapn" else loss)[pool]
+    order = pool[np.lexsort((pool, v))]  # the pool ascending by (score, slot)
+    assert sorted(slots[: n // 2].tolist()) == sorted(order[len(pool) - n // 2:].tolist())
+    assert sorted(slots[n // 2:].tolist()) == sorted(order[: n - n // 2].tolist())
+
+
+def test_a_candidate_pool_spreads_the_replay_over_the_memory():
+    """Whole-memory UAPN replays the same extremes at every step; a pool of 8 of 40 items
+    gives every item a chance: each is replayed, none at every step."""
+    size, n, reps = 40, 4, 2000
+    mem = filled([0.0] * size, [float(i) for i in range(size)])
+    rng = np.random.default_rng(3)
+    whole, pooled = np.zeros(size), np.zeros(size)
+    for _ in range(reps):
+        whole[mem.select(n, "uapn", rng)] += 1
+        pooled[mem.select(n, "uapn", rng, 8)] += 1
+    assert np.count_nonzero(whole) == n and whole.max() == reps
+    assert np.count_nonzero(pooled) == size and pooled.max() < reps / 2
+    with pytest.raises(ValueError, match="candidates"):
+        mem.select(n, "uapn", rng, -1)
+
+
 @pytest.mark.parametrize("how", ["select", "sample_uniform"])
 def test_uniform_selection_frequencies(how):
     size, n, reps = 20, 5, 4000

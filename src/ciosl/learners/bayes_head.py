@@ -90,18 +90,26 @@ def _arange(n: int) -> torch.Tensor:
     return torch.arange(n)
 
 
-def scores(logits: torch.Tensor, P: torch.Tensor, Y: torch.Tensor, n: int, k: int):
+def scores(logits: torch.Tensor, P: torch.Tensor, Y: torch.Tensor, n: int, k: int,
+           epistemic: bool = False):
     """Scores of the m = len(Y) first rows from the logits (R, C) and softmaxes P (R, C) of
     ``forward_local``: training draw at rows :m, further draws at rows n + j m + i.
-    Returns the first draw's cross-entropy (m,), the entropy of the mean softmax over the k
-    draws (m,) (Eq. 7) and the mean logits (m, C)."""
+    Returns the first draw's cross-entropy (m,), the uncertainty (m,) and the mean logits
+    (m, C). The uncertainty is the entropy of the mean softmax over the k draws (Eq. 7), or
+    with ``epistemic`` that entropy minus the draws' mean entropy: the mutual information
+    between the label and the weights (BALD), the part of the uncertainty the posterior's
+    spread causes (0 where every draw agrees, however flat their softmax)."""
     m = len(Y)
     loss = torch.nn.functional.cross_entropy(logits[:m], Y, reduction="none")
     p, h = P[:m], logits[:m]
     if k > 1:
         p = P[n:].view(k - 1, m, -1).sum(0).add_(p).div_(k)  # (m, C)
         h = logits[n:].view(k - 1, m, -1).sum(0).add_(h).div_(k)  # (m, C)
-    return loss, torch.special.entr(p).sum(1), h
+    unc = torch.special.entr(p).sum(1)  # (m,)
+    if epistemic:
+        each = torch.special.entr(P[n:]).sum(1).view(k - 1, m).sum(0) if k > 1 else 0.0
+        unc = unc.sub_(torch.special.entr(P[:m]).sum(1).add_(each).div_(k)).clamp_(min=0.0)
+    return loss, unc, h
 
 
 class FlatSGD(SGD):
@@ -134,6 +142,10 @@ class BayesHead(Learner):
 
     # train on one draw of the posterior (a CIOSL setting, the ablation of that sampling)
     train_noise: ClassVar[bool] = True
+    # posterior draws per training row, their gradients averaged (a CIOSL setting)
+    train_draws: ClassVar[int] = 1
+    # what the uncertainty score measures: "entropy" (Eq. 7) or "epistemic" (a CIOSL setting)
+    uncertainty: ClassVar[str] = "entropy"
     # the paper trains with plain SGD and an untempered KL (reports label other values)
     paper_values: ClassVar[dict[str, Any]] = {"max_grad_norm": math.inf, "temperature": 1.0}
     # the Fisher EMA rate was a constant, 0.01, before it was a setting
@@ -226,26 +238,45 @@ class BayesHead(Learner):
         self._check_finite(logits[:n_ce], X)
         P = logits.softmax(1)  # (R, C)
         if n_scored:
-            out = scores(logits, P, Y[:n_scored] if score_labels is None else score_labels, n, k)
+            out = scores(logits, P, Y[:n_scored] if score_labels is None else score_labels, n, k,
+                         self.uncertainty == "epistemic")
         else:
             out = None
         # Fisher rows: softmax - onehot(label drawn from the softmax), before P is reused
         drawn = torch.multinomial(P[:n_ce], 1, generator=self.torch_rng)[:, 0]  # (n_ce,)
         G = P[:n_ce].clone()
         G.index_put_((_arange(n_ce), drawn), _MINUS_ONE, accumulate=True)
-        g = P[:n]  # (n, C) becomes dL/dlogits in place
-        g.index_put_((_arange(n_ce), Y), _MINUS_ONE, accumulate=True)  # softmax - onehot
-        g[:n_ce].div_(n_ce)
-        if n > n_ce:  # distillation rows: squared distance over the recorded logits, row mean
-            d = torch.sub(logits[n_ce:n], H, out=g[n_ce:]).mul_(mask)
-            d.mul_(2.0 * self.lambda2 / (n - n_ce))
-        net.backward(cache, g, self._grad)
-        net.accumulate_fisher(cache, G)
+        net.backward(cache, self._dlogits(P[:n], logits, Y, H, mask), self._grad)
+        if self.train_draws > 1:  # the ELBO's expectation over train_draws posterior draws
+            extra = torch.empty_like(self._grad)
+            for _ in range(self.train_draws - 1):
+                noise = self._draw_noise(n)
+                if not self.train_noise:
+                    for e in noise:
+                        e.zero_()
+                logits, cache_j = net.forward_local(X, noise)
+                self._check_finite(logits[:n_ce], X)
+                net.backward(cache_j, self._dlogits(logits.softmax(1), logits, Y, H, mask), extra)
+                self._grad.add_(extra)
+            self._grad.div_(self.train_draws)
+        net.accumulate_fisher(cache, G)  # the first draw's rows
         net.add_kl_grad(self._grad, self._kl_scale(n_data) if kl_scale is None else kl_scale)
         net.mu.grad = self._grad
         clip_grad_norm_([self._grad], self.max_grad_norm)
         self.opt.step([net.mu])
         return out
+
+    def _dlogits(self, g: torch.Tensor, logits: torch.Tensor, Y: torch.Tensor,
+                 H: torch.Tensor | None, mask: torch.Tensor | None) -> torch.Tensor:
+        """dL/dlogits (n, C), written into the softmaxes g (n, C) of the n training rows: the
+        labelled rows' mean cross-entropy, then the distilled rows' squared distance to H."""
+        n, n_ce = g.shape[0], Y.shape[0]
+        g.index_put_((_arange(n_ce), Y), _MINUS_ONE, accumulate=True)  # softmax - onehot
+        g[:n_ce].div_(n_ce)
+        if n > n_ce:  # distillation rows: squared distance over the recorded logits, row mean
+            d = torch.sub(logits[n_ce:n], H, out=g[n_ce:]).mul_(mask)
+            d.mul_(2.0 * self.lambda2 / (n - n_ce))
+        return g
 
     def _check_finite(self, values: torch.Tensor, X: torch.Tensor) -> None:
         check_finite(values, X, name=self.name, n_seen=self.n_seen_, lr=self.lr,

@@ -16,9 +16,11 @@ Replacement when the memory is full (``offer``):
   (ties: the lowest class index).
 
 Selection (``select``): ``uniform`` without replacement; ``uapn`` / ``lapn`` the n//2 items of
-highest and the n - n//2 of lowest uncertainty / loss. Ties follow the total order
-(score, slot): among equal scores the highest slots count as "highest" and the lowest slots as
-"lowest", so both halves are always disjoint and the result is deterministic.
+highest and the n - n//2 of lowest uncertainty / loss, over the whole memory (the paper) or over
+a pool of ``candidates`` items drawn uniformly (so that no item is replayed at every step). Ties
+follow the total order (score, slot): among equal scores the highest slots count as "highest"
+and the lowest slots as "lowest", so both halves are always disjoint and the result is
+deterministic given the pool.
 
 All randomness comes from the ``rng`` argument (the learner's generator). Storage is torch
 (CPU, preallocated); the per-item bookkeeping (scores, victims, writes) works on zero-copy numpy
@@ -198,22 +200,33 @@ class ReplayMemory:
         self._counts[y] += 1
 
     # ------------------------------------------------------------------ selecting
-    def select(self, n: int, strategy: str, rng: np.random.Generator) -> np.ndarray:
-        """(min(n, size),) distinct slots to replay, chosen by ``strategy``."""
+    def select(self, n: int, strategy: str, rng: np.random.Generator,
+               candidates: int = 0) -> np.ndarray:
+        """(min(n, size),) distinct slots to replay, chosen by ``strategy``. ``candidates``
+        > 0: uapn / lapn rank only that many items drawn uniformly without replacement (at
+        least n), not the whole memory (0, the paper)."""
         if strategy not in SELECTIONS:
             raise ValueError(
                 f"unknown selection strategy {strategy!r}; valid choices: {', '.join(SELECTIONS)}"
             )
         if n < 0:
             raise ValueError(f"memory: cannot select {n} items")
+        if candidates < 0:
+            raise ValueError(f"memory: candidates must be >= 0, got {candidates}")
         if strategy == "uniform":
             return self.sample_uniform(n, rng)
         if self._size <= n:
             return np.arange(self._size, dtype=np.int64)
         score = self._np["uncertainty" if strategy == "uapn" else "loss"][: self._size]
+        pool = None
+        if 0 < candidates < self._size:  # rank a uniform pool of max(candidates, n) items
+            pool = self.sample_uniform(max(candidates, n), rng)
+            pool.sort()  # ties keep the slot order (value, slot)
+            score = score[pool]
         hi = _extreme(score, n // 2, largest=True)
         lo = _extreme(score, n - n // 2, largest=False)
-        return np.concatenate([hi, lo])
+        out = np.concatenate([hi, lo])
+        return out if pool is None else pool[out]
 
     def sample_uniform(self, n: int, rng: np.random.Generator) -> np.ndarray:
         """(min(n, size),) distinct slots uniformly without replacement (distillation, N2')."""
