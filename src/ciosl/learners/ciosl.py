@@ -112,6 +112,10 @@ class CIOSL(BayesHead):
     # the paper's lambda2 = 0.3, distilling from the first step (reports label other values)
     paper_values: ClassVar[dict[str, Any]] = {**BayesHead.paper_values, "lambda2": 0.3,
                                               "distill_when": "always"}
+    # settings added after results and states were first written, at the value those ran at
+    added_settings: ClassVar[dict[str, Any]] = {**BayesHead.added_settings, "train_noise": True,
+                                                "train_draws": 1, "uncertainty": "entropy",
+                                                "candidates": 0}
     conformance_settings: ClassVar[list[dict]] = [
         {"selection": "lapn", "replacement": "lawcbr"},
         {"selection": "uniform", "replacement": "reservoir"},
