@@ -20,11 +20,13 @@ from collections import Counter
 import numpy as np
 import torch
 
-from ciosl.data.datasets import get_spec
-from ciosl.data.features import get_features
-from ciosl.data.orderings import make_ordering
-from ciosl.evaluation.experiment import parse_assignments, resolve_settings
-from ciosl.learners import get_method
+from ciosl.evaluation.experiment import (
+    ExperimentSpec,
+    load_features,
+    parse_assignments,
+    stream_ordering,
+    validate,
+)
 
 
 def instrument(memory) -> list[list[tuple[int, int]]]:
@@ -56,13 +58,11 @@ def main() -> None:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    spec, cls = get_spec(args.dataset), get_method("ciosl")
-    settings = resolve_settings(cls, spec, args.ordering, None, parse_assignments(args.set))
-    fs = get_features(args.dataset, "pixels")
-    order = make_ordering(args.ordering, fs.train_y, seed=args.seed,
-                          base_fraction=spec.base_fraction,
-                          classes_per_step=spec.classes_per_step,
-                          instances=fs.train_instance, frames=fs.train_frame)
+    exp = ExperimentSpec(dataset=args.dataset, ordering=args.ordering, method="ciosl",
+                         settings=parse_assignments(args.set))
+    spec, cls, settings = validate(exp)  # as `ciosl run` resolves them
+    fs = load_features(exp, spec)
+    order = stream_ordering(exp, spec, fs, args.seed)
     learner = cls(**settings, seed=args.seed)
     learner.fit_base(fs.train_z[order.base], fs.train_y[order.base])
     log = instrument(learner.memory)
