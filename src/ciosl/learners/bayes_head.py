@@ -146,6 +146,8 @@ class BayesHead(Learner):
     train_draws: ClassVar[int] = 1
     # what the uncertainty score measures: "entropy" (Eq. 7) or "epistemic" (a CIOSL setting)
     uncertainty: ClassVar[str] = "entropy"
+    # the data the stream's KL term is divided by: "seen" (N) or "window" (a CIOSL setting)
+    kl_data: ClassVar[str] = "seen"
     # the paper trains with plain SGD and an untempered KL (reports label other values)
     paper_values: ClassVar[dict[str, Any]] = {"max_grad_norm": math.inf, "temperature": 1.0}
     # the Fisher EMA rate was a constant, 0.01, before it was a setting
@@ -213,7 +215,13 @@ class BayesHead(Learner):
         return list(eps.split(widths, dim=1))
 
     def _kl_scale(self, n_samples: int) -> float:
-        """Weight of KL(q || prior) in the per-sample objective: lambda1 * T / N."""
+        """Weight of KL(q || prior) in the per-sample objective: lambda1 * T / N, N =
+        ``n_samples`` (the samples the posterior accounts for: the per-sample ELBO of
+        everything seen). With ``kl_data = "window"``, once the stream has started: lambda1 *
+        T / R, R = ``refresh_every``: the per-sample ELBO of the window the prior has not seen
+        (VCL's objective for a task of R samples, whose prior holds everything before it)."""
+        if self.kl_data == "window" and self._streaming:
+            return self.lambda1 * self.temperature / self.refresh_every
         return self.lambda1 * self.temperature / n_samples
 
     @torch.no_grad()

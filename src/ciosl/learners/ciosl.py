@@ -67,6 +67,7 @@ from ciosl.learners.memory import REPLACEMENTS, SELECTIONS, ReplayMemory
 DISTILL_FILTERS = ("all", "correct")
 DISTILL_WHEN = ("always", "class_growth")
 UNCERTAINTIES = ("entropy", "epistemic")
+KL_DATA = ("seen", "window")
 # CIOSL's Fisher EMA remembers ~1000 updates, not the Bayesian heads' ~100 (bayes_head.py):
 # chosen on the development streams, 10 paired runs (README, CIOSL's Bayesian head)
 CIOSL_FISHER_DECAY = 0.001
@@ -82,7 +83,7 @@ class CIOSL(BayesHead):
     choices = {"selection": SELECTIONS, "replacement": REPLACEMENTS,
                "prior_refresh": REFRESHES, "prediction": ("mean", "mc"),
                "distill_filter": DISTILL_FILTERS, "distill_when": DISTILL_WHEN,
-               "uncertainty": UNCERTAINTIES}
+               "uncertainty": UNCERTAINTIES, "kl_data": KL_DATA}
     help = {
         **BAYES_HELP,
         "lambda2": "weight of the logit distillation (squared distance, mean over rows)",
@@ -107,6 +108,9 @@ class CIOSL(BayesHead):
                        "(the mutual information of label and weights, BALD)",
         "candidates": "uapn / lapn rank this many items drawn uniformly from the memory "
                       "(0: the whole memory, the paper)",
+        "kl_data": "what the stream's KL is divided by: seen (N, samples seen: the ELBO of "
+                   "everything seen) or window (refresh_every: the ELBO of the window the "
+                   "prior has not seen, as VCL per task)",
         "seed": "seed of the init, the noise draws and the memory's choices",
     }
     # the paper's lambda2 = 0.3, distilling from the first step (reports label other values)
@@ -115,7 +119,7 @@ class CIOSL(BayesHead):
     # settings added after results and states were first written, at the value those ran at
     added_settings: ClassVar[dict[str, Any]] = {**BayesHead.added_settings, "train_noise": True,
                                                 "train_draws": 1, "uncertainty": "entropy",
-                                                "candidates": 0}
+                                                "candidates": 0, "kl_data": "seen"}
     conformance_settings: ClassVar[list[dict]] = [
         {"selection": "lapn", "replacement": "lawcbr"},
         {"selection": "uniform", "replacement": "reservoir"},
@@ -123,6 +127,7 @@ class CIOSL(BayesHead):
         {"prior_refresh": "class", "distill_when": "always", "distill_filter": "correct"},
         {"prior_refresh": "step", "lambda2": 0.0, "n_replay": 0},
         {"train_draws": 2, "uncertainty": "epistemic", "candidates": 8},
+        {"kl_data": "window", "refresh_every": 7},
     ]
 
     def __init__(self, *, lambda1: float = 1.0, lambda2: float = 0.1, n_replay: int = 16,
@@ -134,7 +139,7 @@ class CIOSL(BayesHead):
                  refresh_every: int = 500, prediction: str = "mean", temperature: float = 1e-4,
                  fisher_decay: float = CIOSL_FISHER_DECAY,
                  train_noise: bool = True, train_draws: int = 1, uncertainty: str = "entropy",
-                 candidates: int = 0,
+                 candidates: int = 0, kl_data: str = "seen",
                  prior_scale: float = 1.0, lr: float = 0.01,
                  max_grad_norm: float = BAYES_MAX_GRAD_NORM, momentum: float = 0.9,
                  weight_decay: float = 1e-5, base_epochs: int = 10, base_batch_size: int = 16,
@@ -159,6 +164,7 @@ class CIOSL(BayesHead):
         self.train_draws = train_draws
         self.uncertainty = uncertainty
         self.candidates = candidates
+        self.kl_data = kl_data
         self.prior_scale = prior_scale
         self.lr = lr
         self.max_grad_norm = max_grad_norm
