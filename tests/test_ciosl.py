@@ -63,8 +63,8 @@ class Recorder:
 def reference_objective(before, mu, x, y, rec):
     """The stated objective, written independently with autograd: mean CE over the new sample
     and the replayed items + lambda2 * (squared distance over each distilled item's recorded
-    logits, mean over the items) + lambda1 * T / N * KL(q || prior) (N: samples seen, or
-    refresh_every with kl_data = "window"), f from one
+    logits, mean over the items) + lambda1 * T / N * KL(q || prior) (N: samples seen;
+    refresh_every with kl_data = "window", the labelled rows with "step"), f from one
     local-reparameterization draw per row (train_draws > 1: the mean of the likelihood and
     distillation terms over the step's draws); the scales are the posterior's (not
     optimized)."""
@@ -98,7 +98,7 @@ def reference_objective(before, mu, x, y, rec):
             obj = obj + before.lambda2 * (((h[n_ce:] - H) * mask) ** 2).sum() / len(s)
     obj = obj / len(rec.draws)
     kl = kl_diag_gauss(mu, sigma, net.prior_mu, net.prior_sigma)
-    data = before.refresh_every if before.kl_data == "window" else N  # the KL's data count
+    data = {"seen": N, "window": before.refresh_every, "step": n_ce}[before.kl_data]
     return obj + before.lambda1 * before.temperature / data * kl
 
 
@@ -112,8 +112,9 @@ def reference_objective(before, mu, x, y, rec):
     {"train_draws": 3},
     {"train_draws": 2, "train_noise": False, "uncertainty": "epistemic"},
     {"kl_data": "window", "refresh_every": 1000, "temperature": 0.1, "lambda1": 300.0},
+    {"kl_data": "step", "temperature": 0.01},
 ], ids=["defaults", "plain-nll", "lapn-k1", "base-prior", "unclipped", "mean-weights",
-        "three-draws", "two-mean-draws", "window-kl"])
+        "three-draws", "two-mean-draws", "window-kl", "step-kl"])
 def test_step_follows_the_gradient_of_the_objective(settings):
     learner = trained(**settings)
     before = copy.deepcopy(learner)

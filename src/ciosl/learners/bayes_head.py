@@ -146,7 +146,7 @@ class BayesHead(Learner):
     train_draws: ClassVar[int] = 1
     # what the uncertainty score measures: "entropy" (Eq. 7) or "epistemic" (a CIOSL setting)
     uncertainty: ClassVar[str] = "entropy"
-    # the data the stream's KL term is divided by: "seen" (N) or "window" (a CIOSL setting)
+    # the data the stream's KL term is divided by: "seen" (N), "window" or "step" (a CIOSL setting)
     kl_data: ClassVar[str] = "seen"
     # the paper trains with plain SGD and an untempered KL (reports label other values)
     paper_values: ClassVar[dict[str, Any]] = {"max_grad_norm": math.inf, "temperature": 1.0}
@@ -214,14 +214,17 @@ class BayesHead(Learner):
         eps = torch.randn(rows, sum(widths), generator=self.torch_rng)  # one draw, split
         return list(eps.split(widths, dim=1))
 
-    def _kl_scale(self, n_samples: int) -> float:
-        """Weight of KL(q || prior) in the per-sample objective: lambda1 * T / N, N =
-        ``n_samples`` (the samples the posterior accounts for: the per-sample ELBO of
-        everything seen). With ``kl_data = "window"``, once the stream has started: lambda1 *
-        T / R, R = ``refresh_every``: the per-sample ELBO of the window the prior has not seen
-        (VCL's objective for a task of R samples, whose prior holds everything before it)."""
-        if self.kl_data == "window" and self._streaming:
-            return self.lambda1 * self.temperature / self.refresh_every
+    def _kl_scale(self, n_samples: int, n_rows: int = 1) -> float:
+        """Weight of KL(q || prior) against the mean cross-entropy of a step's ``n_rows``
+        labelled rows: lambda1 * T / D. D = ``n_samples`` (N, the samples the posterior
+        accounts for: the per-sample ELBO of everything seen) by default; once the stream has
+        started, ``kl_data`` chooses: ``"window"``: D = ``refresh_every`` (the per-sample ELBO
+        of the window the refreshed prior has not seen, as VCL's per-task objective);
+        ``"step"``: D = ``n_rows`` (Eq. 3 as written: the step's summed log-likelihoods minus
+        lambda1 KL, tempered)."""
+        if self._streaming and self.kl_data != "seen":
+            data = self.refresh_every if self.kl_data == "window" else n_rows
+            return self.lambda1 * self.temperature / data
         return self.lambda1 * self.temperature / n_samples
 
     @torch.no_grad()
@@ -268,7 +271,7 @@ class BayesHead(Learner):
                 self._grad.add_(extra)
             self._grad.div_(self.train_draws)
         net.accumulate_fisher(cache, G)  # the first draw's rows
-        net.add_kl_grad(self._grad, self._kl_scale(n_data) if kl_scale is None else kl_scale)
+        net.add_kl_grad(self._grad, self._kl_scale(n_data, n_ce) if kl_scale is None else kl_scale)
         net.mu.grad = self._grad
         clip_grad_norm_([self._grad], self.max_grad_norm)
         self.opt.step([net.mu])

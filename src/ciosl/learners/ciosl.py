@@ -67,7 +67,7 @@ from ciosl.learners.memory import REPLACEMENTS, SELECTIONS, ReplayMemory
 DISTILL_FILTERS = ("all", "correct")
 DISTILL_WHEN = ("always", "class_growth")
 UNCERTAINTIES = ("entropy", "epistemic")
-KL_DATA = ("seen", "window")
+KL_DATA = ("seen", "window", "step")
 # CIOSL's Fisher EMA remembers ~1000 updates, not the Bayesian heads' ~100 (bayes_head.py):
 # chosen on the development streams, 10 paired runs (README, CIOSL's Bayesian head)
 CIOSL_FISHER_DECAY = 0.001
@@ -109,8 +109,9 @@ class CIOSL(BayesHead):
         "candidates": "uapn / lapn rank this many items drawn uniformly from the memory "
                       "(0: the whole memory, the paper)",
         "kl_data": "what the stream's KL is divided by: seen (N, samples seen: the ELBO of "
-                   "everything seen) or window (refresh_every: the ELBO of the window the "
-                   "prior has not seen, as VCL per task)",
+                   "everything seen), window (refresh_every: the ELBO of the window the "
+                   "prior has not seen, as VCL per task) or step (the step's 1 + N1' labelled "
+                   "rows: Eq. 3 as written, summed log-likelihoods minus lambda1 KL)",
         "seed": "seed of the init, the noise draws and the memory's choices",
     }
     # the paper's lambda2 = 0.3, distilling from the first step (reports label other values)
@@ -128,6 +129,7 @@ class CIOSL(BayesHead):
         {"prior_refresh": "step", "lambda2": 0.0, "n_replay": 0},
         {"train_draws": 2, "uncertainty": "epistemic", "candidates": 8},
         {"kl_data": "window", "refresh_every": 7},
+        {"kl_data": "step"},
     ]
 
     def __init__(self, *, lambda1: float = 1.0, lambda2: float = 0.1, n_replay: int = 16,
