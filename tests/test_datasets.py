@@ -59,15 +59,18 @@ def md5(path: Path) -> str:
 
 def test_specs_follow_the_protocol_table():
     assert set(ds.DATASETS) == {"digits", "fashion-mnist", "cifar10", "cifar100", "imagenet100",
-                                "icubworld1", "digits-video", "fashion-mnist-video"}
+                                "icubworld1", "digits-video", "digits-video-28",
+                                "fashion-mnist-video"}
     table = {"cifar10": (0.02, 2, 1000), "cifar100": (0.10, 10, 1000),
              "imagenet100": (0.10, 10, 1000), "icubworld1": (0.10, 2, 180),
              "fashion-mnist": (0.02, 2, 1000), "digits": (0.10, 2, 100),
-             "digits-video": (0.10, 2, 180), "fashion-mnist-video": (0.10, 2, 180)}
+             "digits-video": (0.10, 2, 180), "digits-video-28": (0.10, 2, 180),
+             "fashion-mnist-video": (0.10, 2, 180)}
     for name, (base, step, buffer) in table.items():
         s = ds.get_spec(name)
         assert (s.base_fraction, s.classes_per_step, s.buffer) == (base, step, buffer)
-        temporal = name in ("icubworld1", "digits-video", "fashion-mnist-video")
+        temporal = name in ("icubworld1", "digits-video", "digits-video-28",
+                            "fashion-mnist-video")
         assert ("instance" in s.orderings) == temporal and "class_iid" in s.orderings
     assert ds.get_spec("imagenet100").offline_epochs == 100
     assert ds.get_spec("digits").default_extractor == "pixels"
@@ -326,7 +329,7 @@ def test_icubworld1_natural_order(tmp_path):
 # ---------------------------------------------------------------- video streams
 
 
-@pytest.mark.parametrize("name", ["digits-video", "fashion-mnist-video"])
+@pytest.mark.parametrize("name", ["digits-video", "digits-video-28", "fashion-mnist-video"])
 def test_video_datasets(name):
     if name == "fashion-mnist-video" and ds._find_fashion(None) is None and not os.environ.get("CI"):
         pytest.skip("fashion-mnist not available")
@@ -339,6 +342,8 @@ def test_video_datasets(name):
     assert len(set(d.meta["source_indices"])) == 30
     x = d.train_x.get_batch(np.arange(len(d.train_x))).astype(np.float64)
     assert x.shape[1:] == ((16, 16) if name == "digits-video" else (28, 28))
+    if name == "digits-video-28":  # its own dataset: not digits-video's cache entry
+        assert ds.load_dataset("digits-video").fingerprint != d.fingerprint
     rng = np.random.default_rng(0)
     for inst in (0, 14, 29):
         v = x[d.train_instance == inst]  # (200, H, W) in temporal order

@@ -215,10 +215,12 @@ def test_base_recipe_of_the_datasets():
 
     recipe = {name: (get_spec(name).base_epochs, get_spec(name).base_batch_size)
               for name in ("cifar10", "cifar100", "imagenet100", "icubworld1", "fashion-mnist",
-                           "digits", "digits-video", "fashion-mnist-video")}
+                           "digits", "digits-video", "digits-video-28",
+                           "fashion-mnist-video")}
     assert recipe == {"cifar10": (50, 128), "cifar100": (50, 128), "imagenet100": (100, 256),
                       "icubworld1": (30, 16), "fashion-mnist": (50, 128), "digits": (30, 16),
-                      "digits-video": (30, 16), "fashion-mnist-video": (30, 16)}
+                      "digits-video": (30, 16), "digits-video-28": (30, 16),
+                      "fashion-mnist-video": (30, 16)}
 
 
 def test_parse_assignments():

@@ -126,6 +126,13 @@ DATASETS: dict[str, DatasetSpec] = {s.name: s for s in (
         "frames of smooth rotation/scale/shift/brightness (16x16)",
         0.10, 2, 180, _ALL, "pixels", 30, 16, "generated from digits: always available",
         base_epochs=30, base_batch_size=16),
+    # the same streams at Fashion-MNIST's size (784 pixels): a development stream whose input
+    # width, priors (fan_in) and border pixels are those of the report streams
+    DatasetSpec(
+        "digits-video-28", "object streams from digits at 28x28: 10 classes x 3 instances x "
+        "200/67 frames of smooth rotation/scale/shift/brightness",
+        0.10, 2, 180, _ALL, "pixels", 30, 16, "generated from digits: always available",
+        base_epochs=30, base_batch_size=16),
     DatasetSpec(
         "fashion-mnist-video", "object streams from Fashion-MNIST: 10 classes x 3 instances "
         "x 200/67 frames of smooth rotation/scale/shift/brightness (28x28)",
@@ -529,8 +536,8 @@ def load_features(path: str | Path) -> RawDataset:
 
 
 def _video(name: str, root: Path | None, download: bool) -> RawDataset:
-    if name == "digits-video":
-        src, upsample = load_digits(), 2  # 8x8 -> 16x16 before the transforms
+    if name in ("digits-video", "digits-video-28"):  # 8x8 -> 16x16 or 28x28 first
+        src, upsample = load_digits(), (2.0 if name == "digits-video" else 3.5)
     else:
         try:
           src, upsample = load_fashion_mnist(root, download=download), 1
@@ -564,6 +571,7 @@ def load_dataset(
         "imagenet100": lambda: load_imagenet100(root, allow_subset=allow_subset),
         "icubworld1": lambda: load_icubworld1(root),
         "digits-video": lambda: _video(name, root, download),
+        "digits-video-28": lambda: _video(name, root, download),
         "fashion-mnist-video": lambda: _video(name, root, download),
     }
     return loaders[name]()
@@ -572,7 +580,7 @@ def load_dataset(
 def _locate(name: str) -> str | None:
     """Where a registered dataset's data are, by file existence only (cheap)."""
     root = data_root() / name
-    if name in ("digits", "digits-video"):
+    if name in ("digits", "digits-video", "digits-video-28"):
         return "scikit-learn"
     if name in ("fashion-mnist", "fashion-mnist-video"):
         found = _find_fashion(None)

@@ -71,13 +71,14 @@ def make_video_dataset(
     n_instances: int = 3,
     n_train: int = 200,
     n_test: int = 67,
-    upsample: int = 1,
+    upsample: float = 1,
     seed: int = VIDEO_SEED,
 ) -> RawDataset:
     """Build the object-stream dataset from a still-image training split (n, H, W) uint8.
 
-    ``upsample`` enlarges the source images first (bilinear; digits' 8x8 -> 16x16 so that
-    rotations and sub-pixel shifts stay visible). Train frames are stored class-major,
+    ``upsample`` enlarges the source images first (bilinear, by that factor; digits' 8x8 ->
+    16x16 so that rotations and sub-pixel shifts stay visible, or -> 28x28, Fashion-MNIST's
+    size). Train frames are stored class-major,
     instance after instance, in temporal order; ``train_instance`` is a global id
     (``class * n_instances + j``) and ``train_frame`` the index inside that instance's video.
     ``meta['test_instance']`` gives the instance of each test frame.

@@ -45,7 +45,7 @@ METHOD_NAMES = {
     "slda": "Deep SLDA", "ncm": "NCM", "ciosl": "CIOSL (ours)", "offline": "Offline",
 }
 DATASET_ORDER = ("cifar10", "cifar100", "imagenet100", "icubworld1", "digits", "fashion-mnist",
-                 "digits-video", "fashion-mnist-video")
+                 "digits-video", "digits-video-28", "fashion-mnist-video")
 ORDERING_NAMES = {"iid": "iid", "class_iid": "class-iid", "instance": "instance",
                   "class_instance": "class-instance"}
 REGIME_ORDER = ("batch", "online", "streaming")
