@@ -439,3 +439,40 @@ def test_ciosl_beats_finetune_on_a_class_incremental_stream():
         scores[method] = learner.score(Zt, yt)
     assert scores["finetune"] < 0.3  # forgot (chance 0.125; the last class alone is 0.125)
     assert scores["ciosl"] > 0.65 and scores["ciosl"] - scores["finetune"] > 0.4  # 0.81, 0.24
+
+
+def test_kl_anchor_curvature_is_capped_where_a_step_would_overshoot():
+    """add_kl_grad: kl_scale * pi_p (mu - m_p) where kl_scale * pi_p <= max_curvature, else
+    max_curvature (mu - m_p); bit for bit the plain formula when no weight reaches the cap."""
+    learner = trained()
+    net = learner.net
+    g0 = torch.randn(net.P, generator=torch.Generator().manual_seed(1))
+    d = net.mu - net.prior_mu
+    assert d.abs().max() > 0
+    k = 1.0 / float(net.prior_prec.median())  # the median weight's curvature is 1
+    plain = g0.clone()
+    net.add_kl_grad(plain, k)
+    torch.testing.assert_close(plain, g0 + k * net.prior_prec * d)
+    below = g0.clone()
+    net.add_kl_grad(below, k, max_curvature=1.01 * k * float(net.prior_prec.max()))
+    assert torch.equal(below, plain)
+    capped = g0.clone()
+    net.add_kl_grad(capped, k, max_curvature=1.0)
+    torch.testing.assert_close(capped, g0 + torch.clamp(k * net.prior_prec, max=1.0) * d)
+    stiff = k * net.prior_prec > 1.0
+    assert stiff.any() and (~stiff).any() and not torch.equal(capped, plain)
+    torch.testing.assert_close(capped[~stiff], plain[~stiff])  # the others as before
+
+
+def test_default_kl_is_eq3_as_written_and_stiffens_with_the_stream():
+    """kl_data='step' (default): during the stream the KL weighs lambda1 T / (1 + N1') against
+    the mean NLL, whatever N; base training keeps lambda1 T / N."""
+    learner = trained()
+    assert learner.kl_data == "step"
+    rows = 1 + learner.n_replay
+    want = learner.lambda1 * learner.temperature / rows
+    assert learner._kl_scale(learner.n_seen_, rows) == pytest.approx(want)
+    assert learner._kl_scale(10 * learner.n_seen_, rows) == pytest.approx(want)
+    fresh = CIOSL(seed=0)
+    fresh._streaming = False
+    assert fresh._kl_scale(400, rows) == pytest.approx(fresh.lambda1 * fresh.temperature / 400)

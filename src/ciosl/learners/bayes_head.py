@@ -12,8 +12,9 @@ sample has two parts:
          + lambda2 * mean_{distilled rows} sum_{c < c_j} (h_jc - f(z_j)_c)^2            (Eq. 6)
          + lambda1 * (T / N) * KL(q || prior)                                          (Eq. 3)
 
-   N = samples seen (base init included), T = ``temperature``. With lambda1 = 1 this is the
-   tempered per-sample ELBO (KL / dataset size, as VCL and Bayes by backprop scale it, times
+   N = samples seen (base init included), T = ``temperature`` (CIOSL's ``kl_data`` divides
+   the stream's KL by the step's labelled rows instead: Eq. 3 as written). With lambda1 = 1
+   this is the tempered per-sample ELBO (KL / dataset size, as VCL and Bayes by backprop scale it, times
    the temperature). The KL's gradient on a mean is ``pi_p (mu - m_p)``: each weight is
    anchored to the prior's mean by the prior's own, learned, precision.
 2. **Scales: the natural-gradient (Bayesian learning rule) precision update** of the same
@@ -271,7 +272,8 @@ class BayesHead(Learner):
                 self._grad.add_(extra)
             self._grad.div_(self.train_draws)
         net.accumulate_fisher(cache, G)  # the first draw's rows
-        net.add_kl_grad(self._grad, self._kl_scale(n_data, n_ce) if kl_scale is None else kl_scale)
+        kl = self._kl_scale(n_data, n_ce) if kl_scale is None else kl_scale
+        net.add_kl_grad(self._grad, kl, max_curvature=1.0 / self.lr)  # stable: lr * curvature <= 1
         net.mu.grad = self._grad
         clip_grad_norm_([self._grad], self.max_grad_norm)
         self.opt.step([net.mu])

@@ -141,6 +141,7 @@ class BayesMLP:
 
     def set_prior(self, prior_mu: torch.Tensor, prior_prec: torch.Tensor) -> None:
         self.prior_mu, self.prior_prec = prior_mu, prior_prec  # (P,), (P,)
+        self._prior_prec_max = float(prior_prec.max()) if prior_prec.numel() else 0.0
 
     @property
     def prior_sigma(self) -> torch.Tensor:
@@ -190,12 +191,21 @@ class BayesMLP:
         """KL(q || prior), a scalar."""
         return kl_diag_gauss(self.mu, self.sigma(), self.prior_mu, self.prior_sigma)
 
-    def add_kl_grad(self, grad: torch.Tensor, kl_scale: float) -> None:
+    def add_kl_grad(self, grad: torch.Tensor, kl_scale: float,
+                    max_curvature: float = math.inf) -> None:
         """grad += kl_scale * dKL(q || prior)/dmu = kl_scale * pi_p (mu - m_p). Exactly 0 when
-        the prior means are the current means (the trap of a prior refreshed every step)."""
+        the prior means are the current means (the trap of a prior refreshed every step).
+        ``max_curvature``: the anchor's curvature on a mean, kl_scale * pi_p, is capped there
+        (pi_p clamped to max_curvature / kl_scale), so that an SGD step of size lr <= 1 /
+        max_curvature cannot overshoot the anchor however much data the prior holds; the
+        gradient is the plain formula whenever no weight reaches the cap."""
         if kl_scale:
             d = torch.sub(self.mu, self.prior_mu, out=self._scratch[1])
-            grad.addcmul_(d, self.prior_prec, value=kl_scale)
+            if kl_scale * self._prior_prec_max > max_curvature:  # the stiffest anchors capped
+                d.mul_(self.prior_prec.clamp(max=max_curvature / kl_scale))
+                grad.add_(d, alpha=kl_scale)
+            else:
+                grad.addcmul_(d, self.prior_prec, value=kl_scale)
 
     # ------------------------------------------------------------------ forward passes
     def forward_mean(self, X: torch.Tensor) -> torch.Tensor:

@@ -6,7 +6,7 @@ momentum 0.9, weight decay 1e-5) of
 
     L = mean_{i in {new} + R} CE(f(z_i), y_i)                                  (Eq. 3, likelihood)
       + lambda2 * mean_{j in D} sum_{c < c_j} (h_jc - f(z_j)_c)^2               (Eq. 6)
-      + lambda1 * (T / N) * KL(q || prior)                                     (Eq. 3, KL)
+      + lambda1 * (T / (1 + N1')) * KL(q || prior)                             (Eq. 3, KL)
 
 with one local-reparameterization draw per row (f ~ q), R = ``n_replay`` (N1') items chosen by
 ``selection`` and D = ``n_distill`` (N2') items drawn uniformly from the replay memory, h_j the
@@ -20,8 +20,16 @@ Design choices (each one a reading of the paper, made explicit):
   distance is summed over the classes recorded for an item and averaged over the N2' items. So
   lambda2 weighs one distilled item's squared logit distance against one labelled row's NLL, as
   Eq. 3 + Eq. 6 do when N1' + 1 ~ N2', whatever the number of classes.
-- KL weight T / N, N = samples seen so far (base init included): the per-sample tempered ELBO
-  (KL / dataset size, as VCL and Bayes by backprop scale it); lambda1 = 1 is exactly that ELBO.
+- KL weight (``kl_data``): Eq. 3 as written sums the log-likelihoods of the new sample and the
+  N1' replayed items and subtracts lambda1 KL(q || q_{t-1}); with the per-row mean above (and
+  the temperature T) that is lambda1 T / (1 + N1') (``"step"``, the default): the prior, which
+  holds every sample before its refresh, anchors each mean with ~N_p / (1 + N1') samples' worth
+  of its learned curvature, so the anchor stiffens as the stream grows, as a posterior does.
+  The anchor's curvature on a mean is capped at 1 / lr (``bnn.BayesMLP.add_kl_grad``), where
+  a heavy-ball SGD step would otherwise overshoot it on a long stream. ``"seen"``: T / N, N =
+  samples seen (the per-sample ELBO of everything seen, as VCL and Bayes by backprop scale a
+  dataset's KL): its gradient is ~1/400 of the likelihood's and lambda1 barely acts (the
+  previous default; README). ``"window"``: T / ``refresh_every``. Base training uses T / N.
 - Prior refresh (``prior_refresh``, the trap of DESIGN.md): with the prior equal to the previous
   step's posterior and one step per sample, the KL and its gradient are exactly 0 at the step
   and lambda1 does nothing (``"step"``, kept for the ablation). ``"every"`` (default) sets the
@@ -141,7 +149,7 @@ class CIOSL(BayesHead):
                  refresh_every: int = 500, prediction: str = "mean", temperature: float = 1e-4,
                  fisher_decay: float = CIOSL_FISHER_DECAY,
                  train_noise: bool = True, train_draws: int = 1, uncertainty: str = "entropy",
-                 candidates: int = 0, kl_data: str = "seen",
+                 candidates: int = 0, kl_data: str = "step",
                  prior_scale: float = 1.0, lr: float = 0.01,
                  max_grad_norm: float = BAYES_MAX_GRAD_NORM, momentum: float = 0.9,
                  weight_decay: float = 1e-5, base_epochs: int = 10, base_batch_size: int = 16,
