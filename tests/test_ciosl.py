@@ -112,7 +112,7 @@ def reference_objective(before, mu, x, y, rec):
     {"train_draws": 3},
     {"train_draws": 2, "train_noise": False, "uncertainty": "epistemic"},
     {"kl_data": "window", "refresh_every": 1000, "temperature": 0.1, "lambda1": 300.0},
-    {"kl_data": "step", "temperature": 0.01},
+    {"kl_data": "step", "temperature": 0.01, "lambda1": 1.0},
 ], ids=["defaults", "plain-nll", "lapn-k1", "base-prior", "unclipped", "mean-weights",
         "three-draws", "two-mean-draws", "window-kl", "step-kl"])
 def test_step_follows_the_gradient_of_the_objective(settings):
@@ -464,15 +464,16 @@ def test_kl_anchor_curvature_is_capped_where_a_step_would_overshoot():
     torch.testing.assert_close(capped[~stiff], plain[~stiff])  # the others as before
 
 
-def test_default_kl_is_eq3_as_written_and_stiffens_with_the_stream():
-    """kl_data='step' (default): during the stream the KL weighs lambda1 T / (1 + N1') against
-    the mean NLL, whatever N; base training keeps lambda1 T / N."""
-    learner = trained()
-    assert learner.kl_data == "step"
+def test_step_kl_is_eq3_as_written_and_stiffens_with_the_stream():
+    """kl_data='step': during the stream the KL weighs lambda1 T / (1 + N1') against the mean
+    NLL, whatever N (so the prior's N_p samples anchor harder as the stream grows); 'seen'
+    (default): lambda1 T / N; base training: lambda1 T / N either way."""
+    learner = trained(kl_data="step")
     rows = 1 + learner.n_replay
     want = learner.lambda1 * learner.temperature / rows
     assert learner._kl_scale(learner.n_seen_, rows) == pytest.approx(want)
     assert learner._kl_scale(10 * learner.n_seen_, rows) == pytest.approx(want)
-    fresh = CIOSL(seed=0)
-    fresh._streaming = False
-    assert fresh._kl_scale(400, rows) == pytest.approx(fresh.lambda1 * fresh.temperature / 400)
+    learner.kl_data = "seen"
+    assert learner._kl_scale(400, rows) == pytest.approx(learner.lambda1 * learner.temperature / 400)
+    learner.kl_data, learner._streaming = "step", False  # base training
+    assert learner._kl_scale(400, rows) == pytest.approx(learner.lambda1 * learner.temperature / 400)

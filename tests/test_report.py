@@ -23,9 +23,10 @@ from ciosl.report.results import load_entries
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CLIP = " (max_grad_norm=1.0)"  # the MLP heads' gradient clipping: not the paper's plain SGD
-# the Bayesian head's departures from the paper: clipping and a cold posterior (T = 1e-4)
-CIOSL = ("CIOSL (ours) (distill_when=class_growth, lambda2=0.1, max_grad_norm=3.0, "
-         "temperature=0.0001)")
+# CIOSL's departures from the paper: its KL and distillation weights, distilling on class
+# growth, the Bayesian head's clipping and cold posterior (T = 1e-4)
+CIOSL = ("CIOSL (ours) (distill_when=class_growth, lambda1=30.0, lambda2=0.1, "
+         "max_grad_norm=3.0, temperature=0.0001)")
 DRIVER = shutil.which("chromedriver")
 
 
@@ -129,7 +130,7 @@ def test_main_table_bolds_the_best_single_pass_method_and_marks_violations(html_
     assert bold_cells(table) == {(f"TinyER{CLIP}", "iid · digits ≤10/class"),
                                  (CIOSL, "class-iid · digits ≤10/class")}
     assert any("†" in n and "single-pass" in n for n in table.notes)
-    assert any(n.startswith("(distill_when, lambda2, max_grad_norm, temperature=...): a "
+    assert any(n.startswith("(distill_when, lambda1, lambda2, max_grad_norm, temperature=...): a "
                             "default of this "
                             "implementation that is "
                             "not the paper's") for n in table.notes)
