@@ -78,9 +78,9 @@ def make_video_dataset(
 
     ``upsample`` enlarges the source images first (bilinear, by that factor; digits' 8x8 ->
     16x16 so that rotations and sub-pixel shifts stay visible, or -> 28x28, Fashion-MNIST's
-    size). Train frames are stored class-major,
-    instance after instance, in temporal order; ``train_instance`` is a global id
-    (``class * n_instances + j``) and ``train_frame`` the index inside that instance's video.
+    size). Train frames are stored class-major, instance after instance, in temporal order;
+    ``train_instance`` is a global id (``class * n_instances + j``) and ``train_frame`` the
+    index inside that instance's video.
     ``meta['test_instance']`` gives the instance of each test frame.
     """
     rng = np.random.default_rng(seed)

@@ -12,10 +12,9 @@ sample has two parts:
          + lambda2 * mean_{distilled rows} sum_{c < c_j} (h_jc - f(z_j)_c)^2            (Eq. 6)
          + lambda1 * (T / N) * KL(q || prior)                                          (Eq. 3)
 
-   N = samples seen (base init included), T = ``temperature`` (CIOSL's ``kl_data`` divides
-   the stream's KL by the step's labelled rows instead: Eq. 3 as written). With lambda1 = 1
-   this is the tempered per-sample ELBO (KL / dataset size, as VCL and Bayes by backprop scale it, times
-   the temperature). The KL's gradient on a mean is ``pi_p (mu - m_p)``: each weight is
+   N = samples seen (base init included), T = ``temperature`` (CIOSL's ``kl_data`` offers two
+   other divisors). With lambda1 = 1 this is the tempered per-sample ELBO (KL / dataset size,
+   as VCL and Bayes by backprop scale it, times the temperature). The KL's gradient on a mean is ``pi_p (mu - m_p)``: each weight is
    anchored to the prior's mean by the prior's own, learned, precision.
 2. **Scales: the natural-gradient (Bayesian learning rule) precision update** of the same
    tempered ELBO, ``pi = pi_0 + (N / T) * Fbar`` (``bnn.py``): Fbar, the running diagonal
