@@ -14,8 +14,9 @@ sample has two parts:
 
    N = samples seen (base init included), T = ``temperature`` (CIOSL's ``kl_data`` offers two
    other divisors). With lambda1 = 1 this is the tempered per-sample ELBO (KL / dataset size,
-   as VCL and Bayes by backprop scale it, times the temperature). The KL's gradient on a mean is ``pi_p (mu - m_p)``: each weight is
-   anchored to the prior's mean by the prior's own, learned, precision.
+   as VCL and Bayes by backprop scale it, times the temperature). The KL's gradient on a mean
+   is ``pi_p (mu - m_p)``: each weight is anchored to the prior's mean by the prior's own,
+   learned, precision.
 2. **Scales: the natural-gradient (Bayesian learning rule) precision update** of the same
    tempered ELBO, ``pi = pi_0 + (N / T) * Fbar`` (``bnn.py``): Fbar, the running diagonal
    Fisher of the likelihood, takes one step from the rows of this update. Plain SGD on a
@@ -214,6 +215,16 @@ class BayesHead(Learner):
         eps = torch.randn(rows, sum(widths), generator=self.torch_rng)  # one draw, split
         return list(eps.split(widths, dim=1))
 
+    def _training_noise(self, rows: int, n: int) -> list[torch.Tensor]:
+        """``_draw_noise(rows)``, its first ``n`` rows (the training rows) zeroed when
+        ``train_noise`` is off (the ablation: they see the posterior means; the same draws are
+        consumed either way)."""
+        noise = self._draw_noise(rows)
+        if not self.train_noise:
+            for e in noise:
+                e[:n].zero_()
+        return noise
+
     def _kl_scale(self, n_samples: int, n_rows: int = 1) -> float:
         """Weight of KL(q || prior) against the mean cross-entropy of a step's ``n_rows``
         labelled rows: lambda1 * T / D. D = ``n_samples`` (N, the samples the posterior
@@ -241,10 +252,7 @@ class BayesHead(Learner):
         k = self.mc_samples if n_scored else 1
         R = n + n_scored * (k - 1)  # with k - 1 further draws of the scored rows
         net.evidence = n_data / self.temperature
-        noise = self._draw_noise(R)
-        if not self.train_noise:  # ablation: the training rows see the posterior means
-            for e in noise:
-                e[:n].zero_()
+        noise = self._training_noise(R, n)
         logits, cache = net.forward_local(X, noise, (n_scored, k - 1))
         self._check_finite(logits[:n_ce], X)
         P = logits.softmax(1)  # (R, C)
@@ -261,11 +269,7 @@ class BayesHead(Learner):
         if self.train_draws > 1:  # the ELBO's expectation over train_draws posterior draws
             extra = torch.empty_like(self._grad)
             for _ in range(self.train_draws - 1):
-                noise = self._draw_noise(n)
-                if not self.train_noise:
-                    for e in noise:
-                        e.zero_()
-                logits, cache_j = net.forward_local(X, noise)
+                logits, cache_j = net.forward_local(X, self._training_noise(n, n))
                 self._check_finite(logits[:n_ce], X)
                 net.backward(cache_j, self._dlogits(logits.softmax(1), logits, Y, H, mask), extra)
                 self._grad.add_(extra)
