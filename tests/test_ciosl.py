@@ -374,10 +374,12 @@ def test_memory_never_exceeds_capacity():
 
 
 def test_settings_and_protocol_defaults():
-    assert CIOSL.protocol_defaults(ordering="iid") == {"selection": "uniform"}
+    full_base = {"selection": "uniform", "prior_scale": 0.3}
+    assert CIOSL.protocol_defaults(ordering="iid") == full_base
     assert CIOSL.protocol_defaults(ordering="class_iid") == {}
-    assert CIOSL.protocol_defaults(ordering="instance") == {"selection": "uniform"}
+    assert CIOSL.protocol_defaults(ordering="instance") == full_base
     assert CIOSL.protocol_defaults(ordering="class_instance") == {}
+    assert CIOSL().prior_scale == 1.0  # a deployed learner, no ordering: the untightened prior
     assert CIOSL().selection == "uapn"  # a deployed learner, no ordering: the paper's UAPN
     assert CIOSL.paper_values_for("instance")["selection"] == "uapn"
     assert CIOSL.paper_values_for("iid")["selection"] == "uniform"
