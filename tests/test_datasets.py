@@ -60,21 +60,24 @@ def md5(path: Path) -> str:
 def test_specs_follow_the_protocol_table():
     assert set(ds.DATASETS) == {"digits", "fashion-mnist", "cifar10", "cifar100", "imagenet100",
                                 "icubworld1", "digits-video", "digits-video-28",
-                                "fashion-mnist-video"}
+                                "fashion-mnist-video", "digits-instances",
+                                "fashion-mnist-instances"}
     table = {"cifar10": (0.02, 2, 1000), "cifar100": (0.10, 10, 1000),
              "imagenet100": (0.10, 10, 1000), "icubworld1": (0.10, 2, 180),
              "fashion-mnist": (0.02, 2, 1000), "digits": (0.10, 2, 100),
              "digits-video": (0.10, 2, 180), "digits-video-28": (0.10, 2, 180),
-             "fashion-mnist-video": (0.10, 2, 180)}
+             "fashion-mnist-video": (0.10, 2, 180), "digits-instances": (0.10, 2, 34),
+             "fashion-mnist-instances": (0.10, 2, 180)}
     for name, (base, step, buffer) in table.items():
         s = ds.get_spec(name)
         assert (s.base_fraction, s.classes_per_step, s.buffer) == (base, step, buffer)
         temporal = name in ("icubworld1", "digits-video", "digits-video-28",
-                            "fashion-mnist-video")
+                            "fashion-mnist-video", "digits-instances", "fashion-mnist-instances")
         assert ("instance" in s.orderings) == temporal and "class_iid" in s.orderings
     assert ds.get_spec("imagenet100").offline_epochs == 100
     assert ds.get_spec("digits").default_extractor == "pixels"
     assert ds.get_spec("cifar100").default_extractor == "mobilenet_v2"
+    assert ds.get_spec("fashion-mnist-instances").default_extractor == "efficientnet_lite0"
     assert len(ds.IMAGENET100) == len(set(ds.IMAGENET100)) == 100
     assert ds.IMAGENET100[0] == "n01632777" and ds.IMAGENET100[-1] == "n12267677"
 

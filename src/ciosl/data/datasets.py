@@ -22,6 +22,7 @@ import numpy as np
 
 from ciosl.data.archive import check_zip, load_npz
 from ciosl.data.download import download_url, extract_tar, mirror_urls
+from ciosl.data.instances import make_instance_dataset
 from ciosl.data.safe_pickle import BadPickleError, safe_load
 from ciosl.data.types import ArrayImages, DatasetSpec, RawDataset
 from ciosl.data.video import make_video_dataset
@@ -137,6 +138,21 @@ DATASETS: dict[str, DatasetSpec] = {s.name: s for s in (
         "fashion-mnist-video", "object streams from Fashion-MNIST: 10 classes x 3 instances "
         "x 200/67 frames of smooth rotation/scale/shift/brightness (28x28)",
         0.10, 2, 180, _ALL, "pixels", 30, 16,
+        "generated from fashion-mnist: make fashion-mnist available (apt-get install "
+        f"dataset-fashion-mnist, or the 4 IDX files in {_WHERE}/fashion-mnist)",
+        base_epochs=30, base_batch_size=16),
+    # real images as object instances (data/instances.py): k-means clusters of each class, a
+    # nearest-neighbour walk through each cluster's core, the dataset's own test split; the
+    # temporal streams for pretrained features (the -video ones saturate there)
+    DatasetSpec(
+        "digits-instances", "object-instance streams of real digits: 10 classes x 3 k-means "
+        "instances x <= 40 frames in nearest-neighbour order; digits' test split",
+        0.10, 2, 34, _ALL, "efficientnet_lite0", 30, 16,  # buffer: iCubWorld's 180 / 6000 frames
+        "generated from digits: always available", base_epochs=30, base_batch_size=16),
+    DatasetSpec(
+        "fashion-mnist-instances", "object-instance streams of real Fashion-MNIST images: 10 "
+        "classes x 3 k-means instances x 200 frames in nearest-neighbour order; the 10k test split",
+        0.10, 2, 180, _ALL, "efficientnet_lite0", 30, 16,
         "generated from fashion-mnist: make fashion-mnist available (apt-get install "
         f"dataset-fashion-mnist, or the 4 IDX files in {_WHERE}/fashion-mnist)",
         base_epochs=30, base_batch_size=16),
@@ -547,6 +563,16 @@ def _video(name: str, root: Path | None, download: bool) -> RawDataset:
     return make_video_dataset(name, images, src.train_y, src.class_names, upsample=upsample)
 
 
+def _instances(name: str, root: Path | None, download: bool) -> RawDataset:
+    if name == "digits-instances":
+        return make_instance_dataset(name, load_digits(), n_frames=40)
+    try:
+        src = load_fashion_mnist(root, download=download)
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"{name}: needs fashion-mnist. {e}") from None
+    return make_instance_dataset(name, src, n_frames=200)
+
+
 def load_dataset(
     name: str,
     *,
@@ -573,6 +599,8 @@ def load_dataset(
         "digits-video": lambda: _video(name, root, download),
         "digits-video-28": lambda: _video(name, root, download),
         "fashion-mnist-video": lambda: _video(name, root, download),
+        "digits-instances": lambda: _instances(name, root, download),
+        "fashion-mnist-instances": lambda: _instances(name, root, download),
     }
     return loaders[name]()
 
@@ -580,9 +608,9 @@ def load_dataset(
 def _locate(name: str) -> str | None:
     """Where a registered dataset's data are, by file existence only (cheap)."""
     root = data_root() / name
-    if name in ("digits", "digits-video", "digits-video-28"):
+    if name in ("digits", "digits-video", "digits-video-28", "digits-instances"):
         return "scikit-learn"
-    if name in ("fashion-mnist", "fashion-mnist-video"):
+    if name in ("fashion-mnist", "fashion-mnist-video", "fashion-mnist-instances"):
         found = _find_fashion(None)
         return str(found) if found else None
     if name in CIFAR:

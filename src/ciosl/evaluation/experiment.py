@@ -216,7 +216,7 @@ def regime_of(exp: ExperimentSpec) -> Regime:
 
 def validate(exp: ExperimentSpec) -> tuple[DatasetSpec, type[Learner], dict[str, Any]]:
     from ciosl.data.datasets import get_spec
-    from ciosl.data.features import EXTRACTORS
+    from ciosl.data.features import parse_extractor
 
     spec = get_spec(exp.dataset)
     check_kind(exp.ordering)
@@ -225,10 +225,8 @@ def validate(exp: ExperimentSpec) -> tuple[DatasetSpec, type[Learner], dict[str,
             f"dataset {exp.dataset!r} does not support the {exp.ordering!r} ordering; valid "
             f"choices: {', '.join(spec.orderings)}"
         )
-    if exp.extractor is not None and exp.extractor not in EXTRACTORS:
-        raise ValueError(
-            f"unknown extractor {exp.extractor!r}; valid choices: {', '.join(EXTRACTORS)}"
-        )
+    if exp.extractor is not None:
+        parse_extractor(exp.extractor)
     check_seeds(exp.seeds, "seeds")
     if exp.offline_epochs is not None and exp.offline_epochs < 1:
         raise ValueError(f"--offline-epochs must be >= 1, got {exp.offline_epochs}")

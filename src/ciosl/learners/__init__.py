@@ -12,6 +12,7 @@ from ciosl.learners import (  # noqa: F401
     ncm,
     offline,
     remind,
+    rplda,
     slda,
     tinyer,
     vcl,

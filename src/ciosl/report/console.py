@@ -112,6 +112,10 @@ def print_datasets(rows) -> None:
     console.print(table)
     console.print("base init / offline: epochs x batch size of every learner's base training "
                   "and of the offline reference learner")
+    console.print("extractors: pixels and efficientnet_lite0 (ImageNet weights installed with "
+                  "ciosl) work offline; mobilenet_v2, the paper's, needs its ImageNet weights "
+                  "(downloaded by torch.hub, or --weights FILE); --extractor picks one",
+                  highlight=False)
     for spec, present, where in rows:
         text = f"found in {where}" if present else spec.how_to_get
         console.print(f"[bold]{spec.name}[/]: {text}", highlight=False)
