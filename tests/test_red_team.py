@@ -104,6 +104,21 @@ def test_a_set_variant_never_overwrites_the_default_result(tmp_path, capsys):
     assert variant["settings"]["shrinkage"] == 0.01 and len(variant["runs"]) == 1
 
 
+def test_one_stream_through_two_extractors_keeps_two_results(tmp_path):
+    from ciosl.evaluation.experiment import experiment_path
+    from ciosl.learners import get_method
+
+    def path(dataset, extractor):
+        spec = experiment.ExperimentSpec(dataset, "class_iid", "ncm", extractor=extractor, out_dir=tmp_path)
+        return experiment_path(spec, get_method("ncm")).name
+
+    # the dataset's default extractor, named or not, keeps the plain name; another one is named
+    assert path("digits", None) == path("digits", "pixels") == "digits_class_iid_ncm.json"
+    assert path("digits", "efficientnet_lite0") == "digits-efficientnet_lite0_class_iid_ncm.json"
+    assert path("digits-instances", "efficientnet_lite0") == "digits-instances_class_iid_ncm.json"
+    assert path("digits-instances", "pixels") == "digits-instances-pixels_class_iid_ncm.json"
+
+
 def test_two_feature_files_with_one_name_keep_two_results(tmp_path):
     rng = np.random.default_rng(0)
     names = []

@@ -193,21 +193,29 @@ def dataset_slug(dataset: str) -> str:
 
 
 def result_path(out_dir: str | Path, dataset: str, ordering: str, method: str,
-                regime: str = "streaming", variant: str = "") -> Path:
-    """``<dataset>_<ordering>_<method>[_<variant>][_<regime>].json`` (no regime suffix for
-    streaming; ``variant``: ``variant_slug`` of the ``--set`` settings, empty for none)."""
+                regime: str = "streaming", variant: str = "", extractor: str = "") -> Path:
+    """``<dataset>[-<extractor>]_<ordering>_<method>[_<variant>][_<regime>].json`` (no regime
+    suffix for streaming; ``variant``: ``variant_slug`` of the ``--set`` settings, empty for
+    none; ``extractor``: empty for the dataset's default one, so that runs of one stream through
+    two extractors never overwrite each other)."""
     suffix = "" if regime == "streaming" else f"_{regime}"
     middle = f"_{variant}" if variant else ""
-    return Path(out_dir) / f"{dataset_slug(dataset)}_{ordering}_{_safe(method)}{middle}{suffix}.json"
+    name = dataset_slug(dataset) + (f"-{_safe(extractor)}" if extractor else "")
+    return Path(out_dir) / f"{name}_{ordering}_{_safe(method)}{middle}{suffix}.json"
 
 
 def experiment_path(exp: ExperimentSpec, cls: type[Learner]) -> Path:
     """The result JSON of ``exp`` (which has an output folder): named by its ``--set``
     settings too, so a variant never overwrites the default's result."""
+    from ciosl.data.datasets import get_spec
+
     known = {s.name: s for s in cls.settings()}
     typed = {n: parse_value(known[n], t) for n, t in exp.settings.items()}
+    extractor = exp.extractor or ""
+    if extractor and extractor == get_spec(exp.dataset).default_extractor:
+        extractor = ""
     return result_path(exp.out_dir, exp.dataset, exp.ordering, cls.name, exp.regime,
-                       variant_slug(typed))
+                       variant_slug(typed), extractor)
 
 
 def regime_of(exp: ExperimentSpec) -> Regime:
