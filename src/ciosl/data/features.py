@@ -44,7 +44,7 @@ logger = logging.getLogger(__name__)
 
 EXTRACTORS = ("pixels", "mobilenet_v2", "efficientnet_lite0")
 OFFLINE_EXTRACTORS = ("pixels", "efficientnet_lite0")  # need no download
-# side of the square input of efficientnet_lite0; measured in docs/findings.md ("Extractor
+# side of the square input of efficientnet_lite0; measured in docs/pretrained.md ("Extractor
 # resolution"): on 28x28 sources a linear probe gains nothing past it, at a fraction of 224's cost
 EFFICIENTNET_RESOLUTION = 64
 MAX_RESOLUTION = 1024
