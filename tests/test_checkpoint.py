@@ -50,7 +50,7 @@ def test_sigkill_then_resume_gives_the_uninterrupted_result(method, every, max_w
     ref = json.loads(next((tmp_path / "ref").glob("*.json")).read_text())
 
     out = tmp_path / "killed"
-    result = result_path(out, "digits", "class_iid", method)
+    result = result_path(out, "digits", "class_iid", method, protocol="limit_per_class=60")
     ckpt = ck.checkpoint_path(result)
     cmd = [sys.executable, "-m", "ciosl.cli", *ARGS, "--method", method, "--out", str(out),
            "--cache", str(cache), "--checkpoint-every", str(every), "--resume"]
@@ -90,7 +90,8 @@ def test_sigkill_then_resume_gives_the_uninterrupted_result(method, every, max_w
 def test_checkpoint_refuses_another_experiment_and_newer_formats(tmp_path, cache):
     spec = dict(dataset="digits", ordering="class_iid", method="ncm", seeds=[0],
                 limit_per_class=20, out_dir=tmp_path, cache_dir=cache)
-    path = ck.checkpoint_path(result_path(tmp_path, "digits", "class_iid", "ncm"))
+    path = ck.checkpoint_path(result_path(tmp_path, "digits", "class_iid", "ncm",
+                                          protocol="limit_per_class=20"))
     ident = ck.identity({"something": "else"})
     ck.save_checkpoint(path, ident, {"runs": [], "current": None, "wall_seconds": 0.0})
     with pytest.raises(ValueError, match="different experiment"):

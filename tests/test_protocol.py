@@ -102,7 +102,8 @@ def test_run_experiment_writes_json_and_refuses_bad_settings(fs, tmp_path):
                          offline_epochs=5)
     res = run_experiment(exp)
     # features:PATH results carry a hash of the file's path: two feats.npz never collide
-    assert re.fullmatch(r"features-feats-[0-9a-f]{8}_class_iid_slda\.json",
+    # (and --offline-epochs, not the protocol's, names it too)
+    assert re.fullmatch(r"features-feats-[0-9a-f]{8}_class_iid_slda_offline_epochs=5\.json",
                         Path(res["path"]).name)
     saved = json.loads(Path(res["path"]).read_text())
     assert saved["omega_all"] == res["omega_all"]
@@ -144,7 +145,8 @@ def test_base_event_is_stored_but_left_out_of_omega_all_by_default(fs, tmp_path)
     every = run_experiment(ExperimentSpec(**common, out_dir=tmp_path / "b",
                                           omega_events="all"))
     # the --set settings name the result file
-    assert Path(default["path"]).name.endswith("_class_iid_finetune_base_epochs-5.json")
+    assert Path(default["path"]).name.endswith(
+        "_class_iid_finetune_base_epochs-5_offline_epochs=5.json")
     saved = json.loads(Path(default["path"]).read_text())
     run = saved["runs"][0]
     assert run["events"] == [0, 80, 160] and len(run["accuracy"]) == 3
@@ -169,7 +171,8 @@ def test_cli_omega_events_flag(tmp_path, capsys):
     assert "event 0: right after base init, not in Omega_all" in out
     assert main([*args, "--out", str(tmp_path / "b"), "--omega-events", "all", "--quiet"]) == 0
     assert "every event, base init included" in capsys.readouterr().out
-    a, b = (json.loads((tmp_path / d / "digits_class_iid_ncm.json").read_text()) for d in "ab")
+    a, b = (json.loads((tmp_path / d / "digits_class_iid_ncm_offline_epochs=3.json").read_text())
+            for d in "ab")
     assert a["runs"][0]["accuracy"] == b["runs"][0]["accuracy"]
     ratio = np.array(a["runs"][0]["accuracy"]) / np.array(a["runs"][0]["accuracy_offline"])
     assert a["omega_all"]["mean"] == pytest.approx(ratio[1:].mean())
@@ -234,7 +237,7 @@ def test_cli_run_on_digits_writes_json(tmp_path, capsys):
                "--runs", "2", "--out", str(tmp_path), "--cache", str(tmp_path / "cache"),
                "--offline-epochs", "3", "--quiet"])
     assert rc == 0
-    res = json.loads((tmp_path / "digits_class_iid_ncm.json").read_text())
+    res = json.loads((tmp_path / "digits_class_iid_ncm_offline_epochs=3.json").read_text())
     assert res["seeds"] == [0, 1] and len(res["runs"][0]["accuracy"]) == 5
     assert "Omega_all" in capsys.readouterr().out
 

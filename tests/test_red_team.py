@@ -23,6 +23,7 @@ from ciosl.evaluation import experiment
 
 QUICK = ["--dataset", "digits", "--ordering", "class_iid", "--limit-per-class", "12",
          "--offline-epochs", "2", "--quiet"]
+PROTOCOL = "limit_per_class=12+offline_epochs=2"  # QUICK's options, in the result's name
 
 
 def run_args(tmp: Path, *extra: str, method: str = "ncm") -> list[str]:
@@ -88,19 +89,19 @@ def test_a_failure_at_the_final_write_loses_no_finished_run(tmp_path, capsys, mo
     monkeypatch.setattr(experiment, "run_seed", counting)
     assert main(run_args(tmp_path, "--runs", "2", "--resume")) == 0
     assert len(calls) == 2  # both runs came from the checkpoint: nothing recomputed
-    saved = json.loads((tmp_path / "out" / "digits_class_iid_ncm.json").read_text())
+    saved = json.loads((tmp_path / "out" / f"digits_class_iid_ncm_{PROTOCOL}.json").read_text())
     assert saved["seeds"] == [0, 1] and len(saved["runs"]) == 2
 
 
 def test_a_set_variant_never_overwrites_the_default_result(tmp_path, capsys):
     assert main(run_args(tmp_path, "--runs", "2", method="slda")) == 0
-    default = tmp_path / "out" / "digits_class_iid_slda.json"
+    default = tmp_path / "out" / f"digits_class_iid_slda_{PROTOCOL}.json"
     before = default.read_bytes()
     assert main(run_args(tmp_path, "--runs", "1", "--set", "shrinkage=1e-2",
                          method="slda")) == 0
     assert default.read_bytes() == before
-    variant = json.loads((tmp_path / "out" / "digits_class_iid_slda_shrinkage-0.01.json")
-                         .read_text())
+    variant = json.loads((tmp_path / "out" /
+                          f"digits_class_iid_slda_shrinkage-0.01_{PROTOCOL}.json").read_text())
     assert variant["settings"]["shrinkage"] == 0.01 and len(variant["runs"]) == 1
 
 

@@ -165,7 +165,7 @@ def test_regime_in_results_and_refusals(tmp_path):
     spec = dict(dataset="digits", ordering="class_iid", seeds=[0], limit_per_class=20,
                 out_dir=tmp_path, cache_dir=tmp_path)
     res = run_experiment(ExperimentSpec(**spec, method="tinyer", regime="batch", epochs=2))
-    assert res["path"].endswith("digits_class_iid_tinyer_batch.json")
+    assert res["path"].endswith("digits_class_iid_tinyer_limit_per_class=20+epochs=2_batch.json")
     assert res["regime"] == {"name": "batch", "batch_size": 10, "epochs": 2}
     assert res["violates_single_pass"] is True
     res = run_experiment(ExperimentSpec(**spec, method="tinyer", regime="online"))

@@ -22,13 +22,12 @@ from ciosl.report.build import write_report
 from ciosl.report.results import load_entries
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-CLIP = " (max_grad_norm=1.0)"  # the MLP heads' gradient clipping: not the paper's plain SGD
+CIOSL = "CIOSL (ours)"  # one row; its departures from the paper are letters in its cells
+CLIP = "max_grad_norm=1.0"  # the MLP heads' gradient clipping: not the paper's plain SGD
 # CIOSL's departures from the paper: its KL and distillation weights, distilling on class
 # growth, the Bayesian head's clipping and cold posterior (T = 1e-4)
-CIOSL = ("CIOSL (ours) (distill_when=class_growth, lambda1=30.0, lambda2=0.1, "
-         "max_grad_norm=3.0, temperature=0.0001)")
-# on iid and instance the protocol's tighter prior (N(0, 0.3^2 / fan_in)) is one more departure
-CIOSL_FULL = CIOSL.replace("temperature", "prior_scale=0.3, temperature")
+CIOSL_DEPARTS = ("distill_when=class_growth, lambda1=30.0, lambda2=0.1, max_grad_norm=3.0, "
+                 "temperature=0.0001")
 DRIVER = shutil.which("chromedriver")
 
 
@@ -107,6 +106,24 @@ def rows(table) -> dict[str, list[str]]:
     return {" / ".join(r[:len(table.stub)]): r[len(table.stub):] for r in table.rows}
 
 
+def marks(table) -> dict[tuple[str, str], str]:
+    """(row label, column header) -> what the cell's departure letters stand for."""
+    header = table.header()[len(table.stub):]
+    legend = dict(table.legend)
+
+    def spelled(letter: str) -> str:  # "c: b + x=1" spelled out in full
+        what = legend[letter]
+        base, _, rest = what.partition(" + ")
+        return f"{spelled(base)}, {rest}" if base in legend and rest else what
+
+    return {(" / ".join(table.rows[i][:len(table.stub)]), "label" if j < 0 else header[j]):
+            "; ".join(spelled(x) for x in m.split(",")) for (i, j), m in table.marks.items()}
+
+
+def settings_set(text: str) -> set[str]:
+    return set(text.split(", "))
+
+
 def bold_cells(table) -> set[tuple[str, str]]:
     header = table.header()[len(table.stub):]
     return {(" / ".join(table.rows[i][:len(table.stub)]), header[j]) for i, j in table.bold}
@@ -123,21 +140,28 @@ def test_main_table_bolds_the_best_single_pass_method_and_marks_violations(html_
     assert table.kind == "main"
     assert table.header() == ["Method", "iid · digits ≤10/class", "class-iid · digits ≤10/class"]
     got = rows(table)
-    # defaults that are not the paper's are part of the row's name (gradient clipping)
-    assert list(got) == [f"Fine-Tune{CLIP}", "GDumb †", f"TinyER{CLIP}", "NCM", CIOSL_FULL,
-                         CIOSL, "Offline accuracy (Offline-hat)"]
+    # one row per method: the defaults that are not the paper's are letters in the cells
+    assert list(got) == ["Fine-Tune", "GDumb †", "TinyER", "NCM", CIOSL,
+                         "Offline accuracy (Offline-hat)"]
     assert got["GDumb †"] == ["–", "0.9700 ± 0.0100"]
-    assert got[CIOSL_FULL] == ["0.9000 ± 0.0100", "–"]  # a row per set of departures
-    assert got[CIOSL] == ["–", "0.9500 ± 0.0100"]
+    assert got[CIOSL] == ["0.9000 ± 0.0100", "0.9500 ± 0.0100"]
     # GDumb is higher on class-iid but retrains before inference: CIOSL gets the bold
-    assert bold_cells(table) == {(f"TinyER{CLIP}", "iid · digits ≤10/class"),
+    assert bold_cells(table) == {("TinyER", "iid · digits ≤10/class"),
                                  (CIOSL, "class-iid · digits ≤10/class")}
     assert any("†" in n and "single-pass" in n for n in table.notes)
-    assert any(n.startswith("(distill_when, lambda1, lambda2, max_grad_norm, prior_scale, "
-                            "temperature=...): a "
-                            "default of this "
-                            "implementation that is "
-                            "not the paper's") for n in table.notes)
+    got_marks = marks(table)
+    iid, cls = "iid · digits ≤10/class", "class-iid · digits ≤10/class"
+    assert got_marks[("Fine-Tune", iid)] == got_marks[("TinyER", cls)] == CLIP
+    assert ("GDumb †", cls) not in got_marks and ("NCM", cls) not in got_marks
+    assert got_marks[("Fine-Tune", cls)] == CLIP
+    # on iid the protocol's tighter prior (N(0, 0.3^2 / fan_in)) is one more departure
+    assert settings_set(got_marks[(CIOSL, cls)]) == settings_set(CIOSL_DEPARTS)
+    assert settings_set(got_marks[(CIOSL, iid)]) == settings_set(CIOSL_DEPARTS) | {
+        "prior_scale=0.3"}
+    # each departure spelled out once: the larger set refers to the smaller one's letter
+    legend = dict(table.legend)
+    assert sum(what.count("lambda1=30.0") for what in legend.values()) == 1
+    assert all(len(label) <= 60 for label in got)
     assert float(got["Offline accuracy (Offline-hat)"][1]) > 0.5
 
 
@@ -150,10 +174,9 @@ def test_a_default_that_departs_from_the_paper_on_one_ordering_is_labelled_there
     got = {e.column.ordering: e for e in load_entries(tmp_path)}
     assert got["instance"].unpaper["selection"] == "uniform"
     assert got["instance"].unpaper["prior_scale"] == 0.3
-    assert got["instance"].label == CIOSL.replace(
-        "temperature", "prior_scale=0.3, selection=uniform, temperature")
-    assert got["iid"].label == CIOSL_FULL
-    assert got["class_instance"].label == CIOSL
+    assert {e.label for e in got.values()} == {CIOSL}  # one row, whatever the departures
+    assert set(got["iid"].departures) == set(got["class_instance"].departures) | {"prior_scale"}
+    assert set(got["instance"].departures) == set(got["iid"].departures) | {"selection"}
     assert got["iid"].effective["selection"] == "uniform"
     assert got["class_instance"].effective["selection"] == "uapn"
 
@@ -195,14 +218,15 @@ def test_settings_a_sweep_grid_fixes_stay_in_the_main_table_with_a_label(templat
     report = write_report(tmp_path, fmt="md")
     main = report.tables[0]
     assert main.kind == "main"
-    assert list(rows(main)) == ["Fine-Tune (lr=0.001, max_grad_norm=1.0)", CIOSL,
-                                "Offline accuracy (Offline-hat)"]
-    assert rows(main)["Fine-Tune (lr=0.001, max_grad_norm=1.0)"] == ["0.4500 ± 0.0100"]
+    assert list(rows(main)) == ["Fine-Tune (lr=0.001)", CIOSL, "Offline accuracy (Offline-hat)"]
+    assert rows(main)["Fine-Tune (lr=0.001)"] == ["0.4500 ± 0.0100"]
+    assert marks(main)[("Fine-Tune (lr=0.001)", "class-iid · digits ≤10/class")] == CLIP
     assert any("[settings.METHOD]" in n for n in main.notes)
     elsewhere = {r[0] for t in report.tables[1:] for r in t.rows}
     assert {"A-GEM", "MAS"} <= elsewhere  # the ablation tables name what they vary
     text = report.path.read_text()
-    assert "| Fine-Tune (lr=0.001, max_grad_norm=1.0) | 0.4500 ± 0.0100 |" in text
+    assert "| Fine-Tune (lr=0.001) | 0.4500 ± 0.0100ᵃ |" in text
+    assert "a: max_grad_norm=1.0;" in text
 
     # the regimes table labels its rows the same way
     folder = tmp_path / "regimes"
@@ -210,8 +234,8 @@ def test_settings_a_sweep_grid_fixes_stay_in_the_main_table_with_a_label(templat
         swept(fake(template, folder, "vcl", "class_iid", omega, regime=regime, lr=0.001),
               "default", {"lr": "0.001"})
     regimes = [t for t in write_report(folder, fmt="md").tables if t.kind == "regimes"][0]
-    assert rows(regimes) == {"VCL (lr=0.001, max_grad_norm=3.0, temperature=0.0001)":
-                             ["0.7000 ± 0.0100", "0.6000 ± 0.0100"]}
+    assert rows(regimes) == {"VCL (lr=0.001)": ["0.7000 ± 0.0100", "0.6000 ± 0.0100"]}
+    assert set(marks(regimes).values()) == {"max_grad_norm=3.0, temperature=0.0001"}
 
 
 def test_old_results_get_the_same_omega_all_definition_as_new_ones(template, tmp_path, capsys):
@@ -235,7 +259,9 @@ def test_old_results_get_the_same_omega_all_definition_as_new_ones(template, tmp
     # after base init: 0.5, not the stored 0.6; written before gradient clipping existed, it
     # ran the paper's plain SGD and is labelled as such (no max_grad_norm in its name)
     assert got["Fine-Tune"] == ["0.5000 ± 0.0000"]
-    assert got[f"TinyER{CLIP}"] == ["0.9000 ± 0.0100"]  # labelled after_base: used as stored
+    assert ("Fine-Tune", "class-iid · digits ≤10/class") not in marks(report.tables[0])
+    assert got["TinyER"] == ["0.9000 ± 0.0100"]  # labelled after_base: used as stored
+    assert marks(report.tables[0])[("TinyER", "class-iid · digits ≤10/class")] == CLIP
     finetune = next(e for e in report.entries if e.method == "finetune")
     assert finetune.recomputed and finetune.legacy and not finetune.diff
     assert any("over the testing events after base init" in n for n in report.tables[0].notes)
@@ -247,7 +273,7 @@ def test_old_results_get_the_same_omega_all_definition_as_new_ones(template, tmp
     every = write_report(tmp_path, fmt="md", omega_events="all", out=tmp_path / "all.md")
     got = rows(every.tables[0])
     assert got["Fine-Tune"] == ["0.6000 ± 0.0000"]  # stored under that definition
-    assert float(got[f"TinyER{CLIP}"][0].split()[0]) == pytest.approx(0.9, abs=0.02)
+    assert float(got["TinyER"][0].split()[0]) == pytest.approx(0.9, abs=0.02)
     assert any("every testing event, base init included" in n for n in every.tables[0].notes)
 
     assert main(["report", str(tmp_path), "--omega-events", "all", "--out",
@@ -286,7 +312,7 @@ def test_ablation_tables(html_report):
     by_kind = {}
     for t in html_report.tables:
         by_kind.setdefault(t.kind, []).append(t)
-    assert [t.kind for t in html_report.tables] == ["main", "final", "cost", "continual",
+    assert [t.kind for t in html_report.tables] == ["main", "final", "cost", "forgetting", "bwt",
                                                     "classes", "classes", "sampling",
                                                     "setting", "setting", "regimes", "other"]
     sampling = rows(by_kind["sampling"][0])
@@ -303,7 +329,7 @@ def test_ablation_tables(html_report):
 
     regimes = by_kind["regimes"][0]
     assert [lab for _, lab in regimes.columns] == ["batch", "online", "streaming"]
-    assert rows(regimes)[f"TinyER{CLIP}"] == ["0.8100 ± 0.0100", "0.7100 ± 0.0100",
+    assert rows(regimes)["TinyER"] == ["0.8100 ± 0.0100", "0.7100 ± 0.0100",
                                             "0.9300 ± 0.0100"]
     assert rows(regimes)[CIOSL][1] == "–"
 
@@ -327,8 +353,12 @@ def test_figures_are_png_images(html_report):
 def test_markdown_report_and_cli(results, capsys, tmp_path):
     assert main(["report", str(results)]) == 0
     text = (results / "report.md").read_text()
-    assert f"| {CIOSL_FULL} | 0.9000 ± 0.0100 | – |" in text
-    assert f"| {CIOSL} | – | **0.9500 ± 0.0100** |" in text
+    # one CIOSL row; its cells' letters differ (the prior's scale on iid only)
+    line = next(x for x in text.splitlines() if x.startswith(f"| {CIOSL} |"))  # Table 2
+    iid, cls = line.split(" | ")[1:3]
+    assert iid.startswith("0.9000 ± 0.0100") and cls.startswith("**0.9500 ± 0.0100**")
+    assert iid[len("0.9000 ± 0.0100"):] != cls[len("**0.9500 ± 0.0100**"):].rstrip(" |")
+    assert "Not the paper's setting: a: max_grad_norm=1.0;" in text
     assert "| GDumb † | – | 0.9700 ± 0.0100 |" in text
     for link in [line[line.index("](") + 2:-1] for line in text.splitlines()
                  if line.startswith("![")]:
@@ -384,12 +414,28 @@ def test_shipped_reference_report_matches_its_results(tmp_path):
     shipped = (folder / "report.md").read_text()
     report = write_report(folder, fmt="md", out=tmp_path / "report.md")
     assert len(report.entries) == len(list(folder.glob("*.json"))) >= 6 * 11
-    for kind in ("main", "final", "cost", "continual"):
+    for kind in ("main", "final", "cost", "forgetting", "bwt"):
         assert report.markdown(kind) in shipped, kind
     # every result ran with the current protocol: none is recomputed from its per-event curve
     assert not any(e.recomputed or e.legacy for e in report.entries)
     assert {e.method for e in report.entries} >= {"ciosl", "tinyer", "slda", "remind"}
-    assert CIOSL in report.markdown("main")  # its departures from the paper are in its label
+    main_rows = [line.split(" | ")[0][2:] for line in report.markdown("main").splitlines()[2:]]
+    assert main_rows.count(CIOSL) == 1  # one row; its departures are letters in its cells
+    assert all(len(label) <= 60 for label in main_rows)
+    main_table = next(t for t in report.tables if t.kind == "main")
+    assert any("lambda1=30.0" in what for _, what in main_table.legend)
+    # the shipped report links the legend's evidence to docs/findings.md
+    assert "Evidence: [docs/findings.md](../../findings.md)" in shipped
+
+
+def test_no_row_label_of_a_shipped_report_is_longer_than_60_characters():
+    docs = Path(__file__).resolve().parent.parent / "docs" / "results"
+    reports = sorted(docs.glob("*/report.md"))
+    assert reports
+    for path in reports:
+        for line in path.read_text().splitlines():
+            if line.startswith("| ") and not line.startswith("|:"):
+                assert len(line.split(" | ")[0][2:]) <= 60, (path, line[:80])
 
 
 def test_forgetting_table_heatmap_single_runs_and_older_results(template, tmp_path):
@@ -408,16 +454,18 @@ def test_forgetting_table_heatmap_single_runs_and_older_results(template, tmp_pa
     single.update(runs=single["runs"][:1], seeds=single["seeds"][:1])
     (tmp_path / "class_iid_tinyer.json").write_text(json.dumps(single))
     report = write_report(tmp_path, fmt="md", out=tmp_path / "out" / "report.md")
-    table = rows(next(t for t in report.tables if t.kind == "continual"))
+    forgetting = rows(next(t for t in report.tables if t.kind == "forgetting"))
+    bwt = rows(next(t for t in report.tables if t.kind == "bwt"))
+    table = {k: forgetting[k] + bwt[k] for k in forgetting}
     f, b = template["forgetting"], template["backward_transfer"]
     run = template["runs"][0]  # a real run's JSON holds the matrix: events x class steps
     assert len(run["accuracy_matrix"]) == len(run["events"]) == len(run["matrix_columns"])
     assert sorted(run["final_class_accuracy"]) == [str(c) for c in range(10)]
     assert table["NCM"] == [f"{f['mean']:.4f} ± {f['std']:.4f}", f"{b['mean']:.4f} ± {b['std']:.4f}"]
     assert table["Deep SLDA"] == ["–", "–"]
-    assert table[f"TinyER{CLIP}"] == [f"{f['mean']:.4f}", f"{b['mean']:.4f}"]  # one run
+    assert table["TinyER"] == [f"{f['mean']:.4f}", f"{b['mean']:.4f}"]  # one run
     main = rows(next(t for t in report.tables if t.kind == "main"))
-    assert "±" not in main[f"TinyER{CLIP}"][0] and "±" in main["NCM"][0]
+    assert "±" not in main["TinyER"][0] and "±" in main["NCM"][0]
     classes = rows(next(t for t in report.tables if t.kind == "classes"))
     per_class = [sum(r["final_class_accuracy"][str(c)] for r in template["runs"]) / 2
                  for c in range(10)]
@@ -425,4 +473,5 @@ def test_forgetting_table_heatmap_single_runs_and_older_results(template, tmp_pa
     assert classes["Deep SLDA"] == ["–"] * 10  # that result predates per-class accuracies
     heatmap = [f for f in report.figures if f.title.startswith("Accuracy matrix")]
     assert len(heatmap) == 1 and heatmap[0].png[:4] == b"\x89PNG"
-    assert "Forgetting and backward transfer" in (tmp_path / "out" / "report.md").read_text()
+    text = (tmp_path / "out" / "report.md").read_text()
+    assert "## Average forgetting" in text and "## Backward transfer (BWT)" in text

@@ -139,7 +139,7 @@ def test_random_features_beat_linear_lda_on_rings():
     assert slda < 0.6 and rp > 0.9, (slda, rp)
 
 
-@pytest.mark.parametrize("bad", [0, -1, 2.5, True, 65537, 10**9, "64", None, np.int64(64)])
+@pytest.mark.parametrize("bad", [0, -1, 2.5, True, 65537, 10**9, "64", None, np.float64(64)])
 def test_bad_proj_dim_is_refused(bad):
     with pytest.raises(ValueError, match="proj_dim"):
         make_learner("rp_lda", proj_dim=bad)
@@ -148,6 +148,8 @@ def test_bad_proj_dim_is_refused(bad):
 def test_good_proj_dim_bounds_are_accepted():
     for D in (1, 65536):
         assert make_learner("rp_lda", proj_dim=D).proj_dim == D
+    # a NumPy integer is taken as the Python int it is (issue 29: settings are made plain)
+    assert type(make_learner("rp_lda", proj_dim=np.int64(64)).proj_dim) is int
     Z, y = blobs(5, seed=9)
     assert make_learner("rp_lda", proj_dim=1).fit_base(Z, y).predict_proba(Z).shape == (25, 5)
 

@@ -102,6 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help=OMEGA_HELP)
     run.add_argument("--threads", type=int, default=1, help="torch threads (default 1: "
                      "one-sample steps are fastest single-threaded; run seeds in parallel instead)")
+    run.add_argument("--force", action="store_true", help="replace a result of another "
+                     "experiment at the same file name (default: refuse, naming the difference)")
 
     sub.add_parser("datasets", help="list datasets, whether each is present, how to get it")
     methods = sub.add_parser("methods", help="list the methods; with NAME, every setting of "
@@ -142,6 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
                        + OMEGA_HELP)
     sweep.add_argument("--dry-run", action="store_true",
                        help="check the grid and list its cells; run nothing (default: run)")
+    sweep.add_argument("--force", action="store_true", help="replace cell results of other "
+                       "experiments at the cells' file names (default: refuse, naming the "
+                       "difference)")
 
     report = sub.add_parser("report", help="tables and figures from a folder of result JSONs")
     report.add_argument("results", help="folder of result JSONs (searched recursively)")
@@ -179,7 +184,8 @@ def main(argv: list[str] | None = None) -> int:
             out.print_features(get_features(
                 args.dataset, args.extractor, weights=args.weights,
                 cache_dir=f"{args.cache}/features" if args.cache else None,
-                root=args.data, download=args.download, rebuild=args.rebuild))
+                root=args.data, download=args.download, rebuild=args.rebuild,
+                require_cache=True))
         elif args.command == "sweep":
             from ciosl.evaluation.experiment import choose_seeds
             from ciosl.evaluation.grid import load_grid
@@ -194,7 +200,8 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 with out.sweep_monitor() as monitor:
                     summary = run_sweep(grid, executor=args.executor, workers=args.workers,
-                                        address=args.address, monitor=monitor)
+                                        address=args.address, monitor=monitor,
+                                        force=args.force)
             except KeyboardInterrupt:
                 out.err_console.print("interrupted: finished runs are saved; the same command "
                                       "resumes the sweep")
@@ -225,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
                 offline_epochs=args.offline_epochs, out_dir=args.out, cache_dir=args.cache,
                 data_root=args.data, checkpoint_every=args.checkpoint_every, resume=args.resume,
                 regime=args.regime, batch_size=args.batch_size, epochs=args.epochs,
-                omega_events=args.omega_events)
+                omega_events=args.omega_events, force=args.force)
             try:
                 with out.sample_progress(f"{args.method} {args.dataset}/{args.ordering}") as (
                         on_start, on_progress):

@@ -16,7 +16,14 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from ciosl.learners.base import Learner, available_methods, register
+from ciosl.errors import LearnerError
+from ciosl.learners.base import (
+    Learner,
+    available_methods,
+    checked_proba,
+    describe_learner,
+    register,
+)
 
 DIM, N_CLASSES = 20, 5
 INT_LABELS = [7, 3, 11, 0, 5]  # not 0..K-1, so a learner cannot confuse labels and indices
@@ -55,6 +62,52 @@ def _raises(kind: type[BaseException], match: str | None = None):
         raised.value = e
     else:
         raise AssertionError(f"expected {kind.__name__} (matching {match!r}), nothing raised")
+
+
+# ---------------------------------------------------------------------------- during a run
+def checked_predict(learner: Learner, Z: np.ndarray) -> np.ndarray:
+    """``learner.predict(Z)``, checked as the suite checks a learner: probabilities finite, in
+    [0, 1], summing to 1, one row per sample and one column per class in ``classes_`` (a
+    learner that keeps ``Learner.predict`` answers from them, so they are checked first), one
+    answer per sample, every answer a label in ``classes_``. The run loop scores only checked
+    answers: a learner of the user's own that breaks the protocol fails the run with
+    ``LearnerError`` naming the method and the problem, instead of writing an Omega."""
+    n = len(Z)
+    if type(learner).predict is Learner.predict:  # checks whatever predict_proba is
+        P = checked_proba(learner, learner.predict_proba(Z), n)
+        return learner._labels_of(P)
+    pred = learner.predict(Z)
+    problem = labels_problem(pred, n, list(learner.classes_))
+    if problem is not None:
+        raise LearnerError(f"{describe_learner(learner)}: predict {problem}")
+    return np.asarray(pred)
+
+
+def labels_problem(pred, n: int, classes: list) -> str | None:
+    """What is wrong with ``pred`` as the answers for ``n`` samples over ``classes``, or None."""
+    try:
+        pred = np.asarray(pred)
+    except Exception as e:
+        return f"did not answer an array ({type(e).__name__}: {e})"
+    if pred.shape != (n,):
+        return f"answered shape {pred.shape} for {n} sample(s) (expected ({n},): one label each)"
+    if not classes:
+        return "answered before learning any class (classes_ is empty)"
+    try:
+        known = np.isin(pred, np.asarray(classes))
+    except (TypeError, ValueError):
+        known = np.asarray([v in set(classes) for v in pred.tolist()], dtype=bool)
+    if not known.all():
+        first = pred[int(np.argmin(known))]
+        first = first.item() if isinstance(first, np.generic) else first
+        return (f"answered label {first!r}, which it never learned (classes_: "
+                f"{_preview(classes)})")
+    return None
+
+
+def _preview(items: list, k: int = 8) -> str:
+    return ", ".join(map(repr, items[:k])) + (f", ... ({len(items)} in all)" if len(items) > k
+                                               else "")
 
 
 # ---------------------------------------------------------------------------- data
@@ -148,9 +201,13 @@ def check_probabilities(cls, settings) -> None:
     Zt, _ = held_out()
     for Z in (Zt, Zt * 1e3, np.zeros((2, DIM))):
         P = learner.predict_proba(Z)
-        assert P.shape == (len(Z), N_CLASSES) and P.dtype == np.float64
-        assert np.isfinite(P).all() and (P >= 0).all()
-        np.testing.assert_allclose(P.sum(axis=1), 1.0, atol=1e-5)
+        assert P.shape == (len(Z), N_CLASSES) and P.dtype == np.float64, (
+            f"predict_proba answered {P.dtype} {P.shape} for {len(Z)} samples and {N_CLASSES} "
+            "classes (expected float64 of that shape)")
+        assert np.isfinite(P).all(), "predict_proba answered NaN or infinite probabilities"
+        assert (P >= 0).all(), "predict_proba answered negative probabilities"
+        np.testing.assert_allclose(P.sum(axis=1), 1.0, atol=1e-5,
+                                   err_msg="predict_proba rows do not sum to 1")
 
 
 def check_predict_is_argmax(cls, settings) -> None:
@@ -310,6 +367,21 @@ CHECKS = [check_constructor, check_emerging_classes, check_probabilities,
           check_metadata]
 
 
+def _reason(e: BaseException) -> str:
+    """The message of ``e``; for a bare ``assert`` (no message), the failing line of the check
+    and its location, so the reason is never empty."""
+    text = str(e).strip()
+    if text:
+        return text
+    import traceback
+
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if f.filename == __file__]
+    frame = frames[-1] if frames else (traceback.extract_tb(e.__traceback__) or [None])[-1]
+    if frame is None:
+        return "no details"
+    return f"{frame.line or '?'} (conformance.py line {frame.lineno}, in {frame.name})"
+
+
 def check_learner(cls: type[Learner], settings: list[dict] | None = None) -> list[str]:
     """Run the conformance suite on a learner class (one defined outside ciosl included).
 
@@ -330,6 +402,6 @@ def check_learner(cls: type[Learner], settings: list[dict] | None = None) -> lis
                 check(cls, dict(case))
             except Exception as e:
                 raise AssertionError(f"{cls.__qualname__} fails {check.__name__} with settings "
-                                     f"{case}: {type(e).__name__}: {e}") from e
+                                     f"{case}: {type(e).__name__}: {_reason(e)}") from e
             passed.append(f"{check.__name__}{case or ''}")
     return passed

@@ -11,13 +11,37 @@ ciosl: one line too, asking for a report; ``CIOSL_TRACEBACK=1`` shows the traceb
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import zipfile
+from collections.abc import Iterator
+from pathlib import Path
 
 EXPECTED: tuple[type[BaseException], ...] = (
     ValueError, RuntimeError, OSError, FloatingPointError, MemoryError, EOFError,
     pickle.UnpicklingError, zipfile.BadZipFile)
+
+
+
+class LearnerError(RuntimeError):
+    """A learner broke the protocol: it answered NaN probabilities, the wrong number of rows or
+    columns, labels it never learned, it exited instead of raising, or its state cannot be
+    saved. The message names the method; the CLI prints it as one line (a ``RuntimeError``)."""
+
+
+@contextlib.contextmanager
+def writing(path: str | Path) -> Iterator[None]:
+    """Name ``path`` in an ``OSError`` raised while writing it: a full disk or a refused rename
+    reports the file the user asked for, not only the temporary file written first (or no file
+    at all: ``write`` raises "No space left on device" without one)."""
+    try:
+        yield
+    except OSError as e:
+        if e.errno is None or str(e.filename) == str(path):
+            raise
+        raise OSError(e.errno, e.strerror or str(e), str(path)) from e
+
 
 INTERRUPTED_RUN = ("interrupted: the finished runs are saved; the same command with --resume "
                    "continues")

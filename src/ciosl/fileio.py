@@ -1,16 +1,27 @@
-"""Crash-safe file writes: temporary file in the same folder, fsync, atomic rename."""
+"""Crash-safe file writes (temporary file in the same folder, fsync, atomic rename) and bounded
+reads (regular files only, at most a cap)."""
 
 from __future__ import annotations
 
 import json
 import os
+import stat
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
+
+from ciosl.errors import writing
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
+    """Write ``data`` to ``path`` through a temporary file and a rename; an ``OSError`` (a full
+    disk) names ``path``, not the temporary."""
     path = Path(path)
+    with writing(path):
+        return _atomic_write_bytes(path, data)
+
+
+def _atomic_write_bytes(path: Path, data: bytes) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -47,15 +58,102 @@ def check_writable(folder: str | Path, what: str = "--out") -> Path:
     return folder
 
 
-def read_json(path: str | Path) -> Any | None:
-    """The JSON in ``path``, or None if it is missing or unreadable (then it is rebuilt)."""
-    try:
-        return json.loads(Path(path).read_text())
-    except (OSError, ValueError):
-        return None
-
-
 def cache_root() -> Path:
     """``$CIOSL_CACHE`` or ``~/.cache/ciosl``: feature caches and offline reference results."""
     env = os.environ.get("CIOSL_CACHE")
     return Path(env) if env else Path.home() / ".cache" / "ciosl"
+
+
+# ---------------------------------------------------------------------------- bounded reads
+# Every reader opens regular files only (a FIFO blocks forever, /dev/zero never ends) and reads
+# at most a cap: a wrong path given where a result, grid, checkpoint or learner file is expected
+# gets one line naming it, never a hang or an out-of-memory.
+
+MAX_JSON_BYTES = 512 * 2**20  # a result JSON: per-class counts of 10,000 classes fit easily
+MAX_TEXT_BYTES = 16 * 2**20  # a grid (TOML) or another small text file
+MAX_BINARY_BYTES = 64 * 2**30  # checkpoints, learner files, feature files
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def not_regular(path: str | Path, what: str, mode: int) -> ValueError:
+    return ValueError(f"{what} {path}: not a regular file ({_kind(mode)})")
+
+
+def check_regular(path: str | Path, what: str = "file",
+                  limit: int | None = MAX_BINARY_BYTES) -> Path:
+    """``path`` if it is a regular file (symbolic links followed) of at most ``limit`` bytes;
+    for readers that hand the path to another library (``torch.load``, ``np.load``, zipfile).
+    Raises ``FileNotFoundError`` if it is missing, ``ValueError`` naming ``what`` otherwise."""
+    path = Path(path)
+    st = os.stat(path)  # FileNotFoundError / PermissionError name the path
+    if not stat.S_ISREG(st.st_mode):
+        raise not_regular(path, what, st.st_mode)
+    if limit is not None and st.st_size > limit:
+        raise ValueError(f"{what} {path}: {st.st_size} bytes, more than the {limit} this "
+                         "reader accepts")
+    return path
+
+
+def open_regular(path: str | Path, what: str = "file") -> BinaryIO:
+    """``open(path, "rb")`` for a regular file only: opened without blocking (a FIFO with no
+    writer would block ``open`` itself), then refused unless ``fstat`` says regular file."""
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
+    fd = os.open(path, flags | getattr(os, "O_CLOEXEC", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise not_regular(path, what, st.st_mode)
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_bytes(path: str | Path, what: str = "file", limit: int = MAX_BINARY_BYTES) -> bytes:
+    """The bytes of the regular file ``path``, refused (``ValueError`` naming ``what``) if it
+    holds more than ``limit``."""
+    with open_regular(path, what) as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise ValueError(f"{what} {path}: larger than the {limit} bytes this reader accepts")
+    return data
+
+
+def read_text(path: str | Path, what: str = "file", limit: int = MAX_TEXT_BYTES) -> str:
+    """``read_bytes`` decoded as UTF-8, with the file and the byte named on a bad encoding."""
+    data = read_bytes(path, what, limit)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{what} {path}: not UTF-8 text (byte {e.start}: "
+                         f"{data[e.start:e.start + 1]!r})") from None
+
+
+def load_json(path: str | Path, what: str = "JSON file", limit: int = MAX_JSON_BYTES) -> Any:
+    """The JSON in the regular file ``path``; ``ValueError`` naming it when it is not one."""
+    text = read_text(path, what, limit)
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError(f"{what} {path}: nested too deeply") from None
+    except ValueError as e:
+        raise ValueError(f"{what} {path}: not valid JSON ({e})") from None
+
+
+def read_json(path: str | Path) -> Any | None:
+    """The JSON in ``path``, or None if it is missing, not a regular file, too large or
+    unreadable (then it is rebuilt)."""
+    try:
+        return load_json(path)
+    except (OSError, ValueError):
+        return None

@@ -13,12 +13,14 @@ feature never seen before is refused, since the learner's width is fixed once it
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 from river import base
 
-from ciosl.learners.base import Learner
+from ciosl.learners.base import MAX_FEATURE, Learner
 
 
 class RiverClassifier(base.Classifier):
@@ -47,28 +49,62 @@ class RiverClassifier(base.Classifier):
         params = {"learner": self.learner.clone(), **(new_params or {})}
         return type(self)(**params)
 
-    def _vector(self, x: dict) -> np.ndarray:  # (d,)
-        if self.features_ is None:
-            self.features_ = list(x)
-            self._index = {k: i for i, k in enumerate(self.features_)}
-        z = np.zeros(len(self.features_), dtype=np.float32)
+    def _vector(self, x: dict, where: str) -> tuple[np.ndarray, list]:
+        """(vector (d,), layout): the layout is ``features_``, or the order of ``x``'s keys
+        before the first sample has been learned (``learn_one`` keeps it only once the
+        learner has accepted that sample: a refused first sample fixes nothing)."""
+        if not isinstance(x, Mapping):
+            raise TypeError(f"RiverClassifier.{where}: x must be a dict of features "
+                            f"{{name: number}}, got {type(x).__name__}")
+        layout = self.features_ if self.features_ is not None else list(x)
+        index = self._index if self.features_ is not None else {k: i for i, k in
+                                                                 enumerate(layout)}
+        z = np.zeros(len(layout), dtype=np.float64)
         for k, v in x.items():
-            i = self._index.get(k)
+            i = index.get(k)
             if i is None:
-                raise ValueError(f"RiverClassifier: feature {k!r} was not in the first sample "
-                                 f"({len(self.features_)} features); the width is fixed")
-            z[i] = v
-        return z
+                raise ValueError(f"RiverClassifier.{where}: feature {k!r} was not in the first "
+                                 f"sample ({len(layout)} features); the width is fixed")
+            z[i] = _number(k, v, where)
+        return z, layout
 
     def learn_one(self, x: dict, y: Any) -> None:
-        self.learner.learn_one(self._vector(x), y)
+        z, layout = self._vector(x, "learn_one")
+        self.learner.learn_one(z, y)  # unchanged if it raises: so is the layout
+        if self.features_ is None:
+            self.features_ = layout
+            self._index = {k: i for i, k in enumerate(layout)}
 
     def predict_proba_one(self, x: dict) -> dict:
         if not self.learner.classes_:
+            self._vector(x, "predict_proba_one")  # bad input is refused even then
             return {}
-        return self.learner.predict_proba_one(self._vector(x))
+        return self.learner.predict_proba_one(self._vector(x, "predict_proba_one")[0])
 
     def predict_one(self, x: dict) -> Any:
         if not self.learner.classes_:
+            self._vector(x, "predict_one")
             return None
-        return self.learner.predict_one(self._vector(x))
+        return self.learner.predict_one(self._vector(x, "predict_one")[0])
+
+
+def _number(key: Any, value: Any, where: str) -> float:
+    """``value`` as a float if it is one real, finite number (a bool counts as 0 / 1); the
+    string "3.5", None, a complex number or an array are refused, naming the feature."""
+    if isinstance(value, np.ndarray) and value.ndim == 0:
+        value = value[()]
+    if isinstance(value, np.generic):
+        value = value.item()
+    if not isinstance(value, int | float) or isinstance(value, complex):
+        raise TypeError(f"RiverClassifier.{where}: feature {key!r} must be a real number, got "
+                        f"{type(value).__name__} {_short(value)}")
+    if not math.isfinite(value) or abs(value) > MAX_FEATURE:
+        raise ValueError(f"RiverClassifier.{where}: feature {key!r} = {value!r} is "
+                         f"{'not finite' if not math.isfinite(value) else 'too large'} (features "
+                         f"must be finite numbers within +-{MAX_FEATURE:.0e})")
+    return float(value)
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

@@ -14,6 +14,7 @@ announced but not yet seen gets probability 0.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import numpy as np
@@ -41,37 +42,66 @@ class StreamingClassifier(ClassifierMixin, BaseEstimator):
         check_classification_targets(y)
         return np.asarray(y)
 
-    def _codes(self, y: np.ndarray, classes=None) -> list[int]:
-        """Labels -> integer codes the learner sees (its own labels stay integers whatever
-        the user's label type), growing ``classes_``."""
-        new = [v for v in (classes if classes is not None else []) if v not in self._code]
-        new += [v for v in y.tolist() if v not in self._code]
-        for v in new:
-            if v not in self._code:
-                self._code[v] = len(self._code)
-        self.classes_ = np.array(sorted(self._code), dtype=y.dtype if len(y) else None)
-        return [self._code[v] for v in y.tolist()]
+    def _codes(self, known: dict, y: np.ndarray, classes=None) -> tuple[dict, list[int]]:
+        """(new label -> integer code table, codes of ``y``): the learner's own labels stay
+        integers whatever the user's label type. Nothing is changed here: the caller commits
+        the table (and ``classes_``) once the learner has accepted the data. Announced and
+        given labels must be of one kind with the labels known so far (numbers or strings:
+        ``classes_`` is sorted)."""
+        announced = [] if classes is None else np.asarray(classes).reshape(-1).tolist()
+        labels = y.tolist()
+        kinds = {_kind(v) for v in [*known, *announced, *labels]}
+        if len(kinds) > 1:
+            def show(vals: list) -> str:
+                return ", ".join(map(repr, vals[:5])) + (", ..." if len(vals) > 5 else "")
+
+            parts = [f"{what} {show(vals)}" for what, vals in
+                     (("known labels", list(known)), ("classes=", announced),
+                      ("y", labels)) if vals]
+            raise ValueError(f"{type(self).__name__}: labels must be all numbers or all "
+                             f"strings, got {'; '.join(parts)}")
+        code = dict(known)
+        for v in [*announced, *labels]:
+            if v not in code:
+                code[v] = len(code)
+        return code, [code[v] for v in labels]
+
+    def _commit(self, code: dict, dtype) -> None:
+        self._code = code
+        if dtype is not None and dtype.kind in "USO":  # '<U1' would cut an announced 'abc'
+            dtype = None
+        self.classes_ = np.array(sorted(code), dtype=dtype)
 
     def fit(self, X, y) -> StreamingClassifier:
         """A fresh learner, base-initialized on (X, y)."""
         X, y = validate_data(self, X, y, dtype=np.float32)
         y = self._check_y(y)
-        self._code: dict = {}
+        code, codes = self._codes({}, y)
         self.learner_ = self._new_learner()
-        self.learner_.fit_base(X, self._codes(y))
+        self.learner_.fit_base(X, codes)
+        self._commit(code, y.dtype if len(y) else None)
         return self
 
     def partial_fit(self, X, y, classes=None) -> StreamingClassifier:
         """Stream the rows of (X, y) one at a time, in order. ``classes``: labels to expect
-        (optional: unannounced labels are accepted too)."""
+        (optional: unannounced labels are accepted too). All or nothing: every row is checked
+        before any is learned, and if learning fails midway the learner, ``classes_`` and the
+        label table are left as they were."""
         first = not hasattr(self, "learner_")
         X, y = validate_data(self, X, y, dtype=np.float32, reset=first)
         y = self._check_y(y)
+        code, codes = self._codes({} if first else self._code, y, classes)
+        learner = self._new_learner() if first else self.learner_
+        learner._check_Z(X, where="partial_fit")  # every row, before any is learned
+        # a new learner is dropped if it fails; a fitted one is restored (one row: learn_one is
+        # all-or-nothing itself)
+        with (learner._all_or_nothing(full=True) if not first and len(codes) > 1
+              else contextlib.nullcontext()):
+            for z, c in zip(X, codes, strict=True):
+                learner.learn_one(z, c)
         if first:
-            self._code = {}
-            self.learner_ = self._new_learner()
-        for z, code in zip(X, self._codes(y, classes), strict=True):
-            self.learner_.learn_one(z, code)
+            self.learner_ = learner
+        self._commit(code, y.dtype if len(y) else None)
         return self
 
     def predict_proba(self, X) -> np.ndarray:
@@ -94,3 +124,8 @@ class StreamingClassifier(ClassifierMixin, BaseEstimator):
         tags = super().__sklearn_tags__()
         tags.non_deterministic = False
         return tags
+
+
+def _kind(label: Any) -> str:
+    """"number" or "string": the two kinds of labels that cannot be sorted together."""
+    return "string" if isinstance(label, str | bytes) else "number"

@@ -11,6 +11,7 @@ and turns any failure of the format into one ``ValueError`` naming the file.
 from __future__ import annotations
 
 import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -25,8 +26,13 @@ class ArchiveError(ValueError):
     """A zip-based file that cannot be read safely; the message names the file."""
 
 
-def check_zip(path: str | Path, what: str = "file") -> list[zipfile.ZipInfo]:
-    """The members of the zip ``path`` after checking its declared sizes (no data inflated)."""
+def check_zip(path: str | Path, what: str = "file", *,
+              verify: bool = True) -> list[zipfile.ZipInfo]:
+    """The members of the zip ``path`` after checking its declared sizes (no data inflated),
+    that no two members share a name (a reader would silently use one of them), and, with
+    ``verify``, every member's checksum: a zip stores the CRC-32 of each member (numpy.savez
+    and torch.save write it), so a flipped bit in a learner file, a checkpoint's tensors or a
+    features file is refused here instead of changing the numbers it holds."""
     path = Path(path)
     try:
         with zipfile.ZipFile(path) as z:
@@ -34,12 +40,38 @@ def check_zip(path: str | Path, what: str = "file") -> list[zipfile.ZipInfo]:
     except zipfile.BadZipFile:
         raise ArchiveError(f"{path}: not a readable {what}: not a zip archive (numpy.savez "
                            "and torch.save write zip archives)") from None
+    except (ValueError, OverflowError, NotImplementedError) as e:  # a damaged directory
+        raise ArchiveError(f"{path}: not a readable {what}: damaged zip directory "
+                           f"({type(e).__name__}: {e})") from None
+    names = [m.filename for m in members]
+    if len(set(names)) != len(names):
+        twice = sorted({n for n in names if names.count(n) > 1})
+        raise ArchiveError(f"{path}: damaged {what}: member(s) {', '.join(map(repr, twice))} "
+                           "stored twice (which one would be read is arbitrary)")
     size = max(1, path.stat().st_size)
     total = sum(m.file_size for m in members)
     if total > MIN_BOMB and total > MAX_RATIO * size:
         raise ArchiveError(f"{path}: its {size} bytes would inflate to {total} bytes "
                            f"(over {MAX_RATIO} times the file's size): refused as a zip bomb")
+    if verify:
+        _verify_members(path, what)
     return members
+
+
+def _verify_members(path: Path, what: str) -> None:
+    """Every member reads back whole and matches its stored CRC-32."""
+    member = None
+    try:
+        with zipfile.ZipFile(path) as z:
+            for member in z.infolist():
+                with z.open(member) as f:
+                    while f.read(1 << 20):
+                        pass
+    except (zipfile.BadZipFile, EOFError, ValueError, zlib.error, NotImplementedError) as e:
+        where = f"member {member.filename!r}" if member is not None else "its directory"
+        raise ArchiveError(f"{path}: not a readable {what} (damaged): {where} does not match "
+                           f"its checksum or cannot be read ({type(e).__name__}: {e}); the file "
+                           "changed after it was written") from None
 
 
 def _check_header(z: zipfile.ZipFile, info: zipfile.ZipInfo, path: Path) -> None:

@@ -26,6 +26,7 @@ from ciosl.data.instances import make_instance_dataset
 from ciosl.data.safe_pickle import BadPickleError, safe_load
 from ciosl.data.types import ArrayImages, DatasetSpec, RawDataset
 from ciosl.data.video import make_video_dataset
+from ciosl.learners.base import bad_feature
 
 FEATURES_PREFIX = "features:"
 IMAGE_EXTENSIONS = {".jpeg", ".jpg", ".png", ".ppm", ".pgm", ".bmp", ".tif", ".tiff"}
@@ -171,7 +172,7 @@ def get_spec(name: str) -> DatasetSpec:
         path = Path(name[len(FEATURES_PREFIX):]).expanduser()
         if not path.is_file():
           raise FileNotFoundError(f"{name}: no such feature file {path}")
-        names = {m.filename for m in check_zip(path, "features .npz")}
+        names = {m.filename for m in check_zip(path, "features .npz", verify=False)}
         temporal = {"train_instance.npy", "train_frame.npy"} <= names
         return DatasetSpec(name, f"precomputed features from {path}", 0.10, 2, 1000,
                          _ALL if temporal else _IID, "none", 50, 128,
@@ -295,7 +296,11 @@ def _idx_file(folder: Path, stem: str) -> Path | None:
 
 
 def _fashion_dirs(root: Path | None) -> list[Path]:
-    return [p for p in (root, data_root() / "fashion-mnist", FASHION_SYSTEM_DIR) if p is not None]
+    """Where Fashion-MNIST is looked for: ``root`` only, when given (a folder named by the user
+    is never silently replaced by another one)."""
+    if root is not None:
+        return [root]
+    return [data_root() / "fashion-mnist", FASHION_SYSTEM_DIR]
 
 
 def _find_fashion(root: Path | None) -> Path | None:
@@ -337,7 +342,7 @@ def load_fashion_mnist(root: str | Path | None = None, *, download: bool = False
 
 def _cifar_dirs(name: str, root: Path | None) -> list[Path]:
     folder = CIFAR[name][2]
-    bases = [root, data_root() / name] if root is not None else [data_root() / name]
+    bases = [root] if root is not None else [data_root() / name]  # root only, when given
     return [p for b in bases for p in (b / folder, b)]
 
 
@@ -515,8 +520,12 @@ def load_features(path: str | Path) -> RawDataset:
           raise bad(f"{s}_z has {len(x)} rows but {s}_y has {len(y)} labels")
         if len(x) == 0:
             raise bad(f"no {'training' if s == 'train' else 'test'} samples ({s}_z is empty)")
-        if not np.isfinite(x).all():
-          raise bad(f"{s}_z has NaN or infinite values")
+        if x.shape[1] == 0:
+            raise bad(f"{s}_z has 0 features per sample (shape {x.shape}); a sample needs at "
+                      "least one")
+        found = bad_feature(x)  # before float32 turns 1e39 into inf
+        if found is not None:
+            raise bad(f"{s}_z row {found[0]} {found[1]}")
         z[s] = x.astype(np.float32)
     if z["train"].shape[1] != z["test"].shape[1]:
         raise bad(f"train_z has {z['train'].shape[1]} features, test_z {z['test'].shape[1]}")
@@ -589,6 +598,11 @@ def load_dataset(
     if name.startswith(FEATURES_PREFIX):
         return load_features(name[len(FEATURES_PREFIX):])
     root = Path(root).expanduser() if root is not None else None
+    if root is not None and not root.is_dir() and not (download and not root.exists()):
+        # a folder given is the only one searched: never fall back to another one silently
+        raise FileNotFoundError(f"--data {root}: {'no such folder' if not root.exists() else 'not a folder'} "
+                                f"(it names {name}'s own folder; leave --data out to use "
+                                f"{data_root()})")
     loaders: dict[str, Callable[[], RawDataset]] = {
         "digits": load_digits,
         "fashion-mnist": lambda: load_fashion_mnist(root, download=download),

@@ -38,6 +38,7 @@ from rich.progress import Progress
 from ciosl.data import efficientnet
 from ciosl.data.mobilenet import load_mobilenet_v2, weights_id
 from ciosl.data.types import FeatureSet, ImageSource, RawDataset
+from ciosl.errors import writing
 from ciosl.fileio import atomic_write_bytes, cache_root
 
 logger = logging.getLogger(__name__)
@@ -244,6 +245,11 @@ def extract(
 
 def _check(raw: RawDataset, extractor: str) -> None:
     parse_extractor(extractor)
+    for split, y in (("training", raw.train_y), ("test", raw.test_y)):
+        if len(y) == 0:
+            where = raw.meta.get("path") if isinstance(raw.meta, dict) else None
+            raise ValueError(f"Dataset {raw.name!r}{f' ({where})' if where else ''} has no "
+                             f"{split} samples: its {split} split is empty")
     if (raw.kind == "features") != (extractor == "none"):
         fix = "use extractor 'none'" if raw.kind == "features" else f"valid choices: {', '.join(EXTRACTORS)}"
         raise ValueError(f"Dataset {raw.name!r} holds {raw.kind}; {fix}.")
@@ -298,7 +304,8 @@ def save_features(fs: FeatureSet, path: Path) -> None:
     meta["sha256"] = _sha(arrays, meta)
     buf = io.BytesIO()
     np.savez(buf, meta=np.array(json.dumps(meta)), **arrays)
-    atomic_write_bytes(path, buf.getvalue())
+    with writing(path):  # "No space left on device" names the entry, not its temporary
+        atomic_write_bytes(path, buf.getvalue())
 
 
 def load_features(path: Path, key: str) -> FeatureSet:
@@ -332,11 +339,15 @@ def get_features(
     progress: bool = True,
     rebuild: bool = False,
     download: bool = False,
+    require_cache: bool | None = None,
 ) -> FeatureSet:
     """Features of ``dataset`` (a name or a loaded RawDataset), from the cache or extracted.
 
     ``extractor=None`` takes the dataset's default (``get_spec(name).default_extractor``;
     ``none`` for feature datasets). Datasets that already hold features are not cached.
+    A cache entry that cannot be written costs the cache, not the run (a warning), unless
+    ``require_cache`` (default: ``rebuild``, i.e. ``ciosl features --rebuild``, whose whole
+    point is the entry): then the ``OSError`` naming the entry is raised.
     """
     if isinstance(dataset, str):
         from ciosl.data.datasets import get_spec, load_dataset
@@ -365,6 +376,9 @@ def get_features(
     try:
         save_features(fs, path)
     except OSError as e:  # a read-only or full disk costs the cache, not the run
+        if rebuild if require_cache is None else require_cache:
+            raise OSError(e.errno, f"cannot write the feature cache entry: "
+                          f"{e.strerror or e}", str(path)) from None
         logger.warning("Could not write feature cache entry %s (%s).", path, e)
     return fs
 

@@ -15,7 +15,6 @@ fsync, rename), so a kill at any moment leaves either the previous checkpoint or
 
 from __future__ import annotations
 
-import io
 import json
 import random
 from pathlib import Path
@@ -24,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ciosl.errors import writing
 from ciosl.fileio import atomic_write_bytes
 
 FORMAT = "ciosl-checkpoint"
@@ -66,10 +66,15 @@ def set_global_rng_state(state: dict[str, Any]) -> None:
 
 
 def save_checkpoint(path: str | Path, ident: str, payload: dict[str, Any]) -> Path:
-    buf = io.BytesIO()
-    torch.save({"format": FORMAT, "format_version": FORMAT_VERSION, "ident": ident,
-                "rng": global_rng_state(), **payload}, buf)
-    return atomic_write_bytes(path, buf.getvalue())
+    """Write the checkpoint with a checksum of its contents (``load_checkpoint`` verifies
+    it). A learner whose state cannot be stored raises ``LearnerError`` naming the method."""
+    from ciosl.learners.base import serialize, with_checksum
+
+    data = serialize(with_checksum({"format": FORMAT, "format_version": FORMAT_VERSION,
+                                    "ident": ident, "rng": global_rng_state(), **payload}),
+                     f"cannot write checkpoint {path}")
+    with writing(path):
+        return atomic_write_bytes(path, data)
 
 
 def load_checkpoint(path: str | Path, ident: str) -> dict[str, Any] | None:
@@ -81,19 +86,35 @@ def load_checkpoint(path: str | Path, ident: str) -> dict[str, Any] | None:
     path = Path(path)
     if not path.exists():
         return None
-    from ciosl.data.archive import check_zip
+    from ciosl.data.archive import ArchiveError, check_zip
+    from ciosl.fileio import check_regular
 
+    check_regular(path, "checkpoint")  # a FIFO or a device would block
     try:
         check_zip(path, "ciosl checkpoint")  # sizes checked before anything inflates
         ck = torch.load(path, map_location="cpu", weights_only=True)
+    except ArchiveError as e:  # the message names the file
+        raise ValueError(f"checkpoint unreadable: {e}; delete it to start over") from None
     except Exception as e:  # truncated, corrupt, or not a torch file at all
         raise ValueError(f"checkpoint {path} is unreadable ({type(e).__name__}: {e}); delete it "
                          "to start over") from None
     if not isinstance(ck, dict) or ck.get("format") != FORMAT:
         raise ValueError(f"{path} is not a ciosl checkpoint")
-    if ck["format_version"] > FORMAT_VERSION:
+    version = ck.get("format_version")
+    if isinstance(version, bool) or not isinstance(version, int) or "ident" not in ck:
+        raise ValueError(f"checkpoint {path} is damaged (no format version or identity); "
+                         "delete it to start over")
+    if version > FORMAT_VERSION:
         raise ValueError(f"checkpoint {path} has format version {ck['format_version']}, newer "
                          f"than this ciosl supports ({FORMAT_VERSION}); upgrade ciosl")
+    from ciosl.learners.base import checksum_problem
+
+    problem = checksum_problem(ck)
+    if problem is not None:
+        raise ValueError(f"checkpoint {path} is damaged: {problem}; delete it to start over")
+    if not isinstance(ck["ident"], str):
+        raise ValueError(f"checkpoint {path} is damaged (its identity is not a text); delete "
+                         "it to start over")
     if ck["ident"] != ident:
         mine, theirs = json.loads(ident), json.loads(ck["ident"])
         diff = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))

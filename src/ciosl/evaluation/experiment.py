@@ -4,12 +4,17 @@ Everything is validated (the output folder's writability included) before any wo
 finished run is saved at once in the experiment's checkpoint (``--resume`` picks them up after a
 failure or an interruption), and the JSON is written atomically at the end, so a failed or
 interrupted experiment leaves nothing half-written and loses no finished run. The result file is
-named by the dataset, ordering, method, ``--set`` settings and regime.
+named by everything that changes its numbers and differs from the protocol's defaults (dataset,
+extractor, ordering, method, ``--set`` settings and ``--buffer``, ``--limit-per-class``,
+``--offline-epochs``, ``--weights``, regime and its options), and a result of another experiment
+already at that name is never replaced without ``force``.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 import platform
 import re
 import time
@@ -45,7 +50,7 @@ from ciosl.evaluation.protocol import (
     run_stream,
     subset_train,
 )
-from ciosl.fileio import atomic_write_json, check_writable
+from ciosl.fileio import atomic_write_json, check_regular, check_writable, load_json
 from ciosl.learners.base import Learner, get_method, parse_value
 
 
@@ -72,9 +77,35 @@ class ExperimentSpec:
     epochs: int = 5  # epochs per task of the batch regime
     resume: bool = False  # continue from the checkpoint next to the result JSON, if any
     omega_events: str = "after_base"  # Omega_all over the events after base init, or "all"
+    force: bool = False  # replace a result of another experiment at the same file name
 
 
 MAX_RUNS = 10_000  # runs per cell: far beyond any protocol, and a bound on what is allocated
+# Upper bounds of the numeric options: far beyond any protocol, and low enough that no value
+# runs for ever, overflows an integer type or asks the allocator for the impossible.
+MAX_SEED = 2**31 - 1
+MAX_EPOCHS = 1_000  # --offline-epochs, --epochs
+MAX_BATCH_SIZE = 100_000  # --batch-size
+MAX_BUFFER = 1_000_000  # --buffer: samples a replay memory may hold
+MAX_LIMIT_PER_CLASS = 10_000_000  # --limit-per-class
+MAX_CHECKPOINT_EVERY = 1_000_000_000  # --checkpoint-every (samples)
+
+
+def check_range(value: int | None, flag: str, low: int | None, high: int,
+                why: str = "") -> None:
+    """``low <= value <= high`` (None: not given; ``low`` None: checked elsewhere), else one
+    line naming ``flag``."""
+    if value is None:
+        return
+    if low is not None and value < low:
+        raise ValueError(f"{flag} must be >= {low}, got {value}")
+    if value > high:
+        raise ValueError(f"{flag} must be <= {high}{why}, got {value}")
+
+
+def max_threads() -> int:
+    """``--threads`` at most 4 per CPU of this machine (and at most 1024)."""
+    return min(1024, 4 * (os.cpu_count() or 1))
 
 
 def check_seeds(seeds: Sequence[int], flag: str = "--seeds") -> list[int]:
@@ -87,6 +118,9 @@ def check_seeds(seeds: Sequence[int], flag: str = "--seeds") -> list[int]:
     bad = [s for s in seeds if isinstance(s, bool) or not isinstance(s, int | np.integer) or s < 0]
     if bad:
         raise ValueError(f"{flag} expects integers >= 0, got {bad[0]!r}")
+    big = [s for s in seeds if s > MAX_SEED]
+    if big:
+        raise ValueError(f"{flag}: a seed must be <= {MAX_SEED}, got {big[0]}")
     twice = sorted({int(s) for s in seeds if seeds.count(s) > 1})
     if twice:
         raise ValueError(f"{flag} lists seed {twice[0]} more than once (a repeated seed repeats "
@@ -110,9 +144,9 @@ def choose_seeds(runs: int | None, seeds: Sequence[int] | None,
 
 
 def set_threads(threads: int) -> None:
-    """``--threads``: torch's intra-op threads (>= 1)."""
-    if threads < 1:
-        raise ValueError(f"--threads must be >= 1, got {threads}")
+    """``--threads``: torch's intra-op threads (1 to ``max_threads()``)."""
+    check_range(threads, "--threads", 1, max_threads(),
+                " (4 per CPU here, at most 1024)")
     import torch
 
     torch.set_num_threads(threads)
@@ -160,6 +194,17 @@ def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-")
 
 
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:8]
+
+
+def exact_slug(name: str) -> str:
+    """``name`` made file-name safe, injectively: a name the slug would change (``a/b``,
+    ``a b``, ``a-b`` would all be ``a-b``) gets a hash of the exact name appended."""
+    safe = _safe(name)
+    return safe if safe == name and safe else f"{safe}-{_digest(name)}" if safe else _digest(name)
+
+
 def setting_text(value: Any) -> str:
     """A setting's value as it appears in variant names (as ``grid`` writes TOML values)."""
     if isinstance(value, bool):
@@ -171,51 +216,106 @@ def setting_text(value: Any) -> str:
     return repr(value) if isinstance(value, float) else str(value)
 
 
+def _slug_text(value: Any) -> str:
+    """``setting_text`` with a list's commas as dashes (the names results always had)."""
+    if isinstance(value, tuple | list):
+        return "-".join(str(v) for v in value)
+    return setting_text(value)
+
+
+def slug_items(items: Sequence[tuple[str, str]], sep: str = "-") -> str:
+    """``[("lr", "0.1"), ("tag", "a b")]`` -> ``lr-0.1+tag-a-b-<hash>``: the items in this
+    order, file-name safe; a hash of the exact items is appended when making them safe lost a
+    character (so ``tag=a/b``, ``tag=a-b`` and ``tag=a b`` never share a name), and long ones
+    are cut and end in a hash."""
+    raw = [f"{n}{sep}{t}" for n, t in items]
+    parts = [_safe(r) if sep == "-" else sep.join(_safe(x) for x in r.split(sep, 1))
+             for r in raw]
+    slug = "+".join(parts)
+    lossy = any(p != r for p, r in zip(parts, raw, strict=True))
+    exact = json.dumps([list(i) for i in items]) if lossy else slug
+    if len(slug) > 80:
+        slug = f"{slug[:60]}-{_digest(exact)}"
+    elif lossy:
+        slug = f"{slug}-{_digest(exact)}"
+    return slug
+
+
 def variant_slug(settings: dict[str, Any]) -> str:
     """``{"lr": 0.1, "selection": "lapn"}`` -> ``lr-0.1+selection-lapn`` (sorted, file-name
-    safe; long ones end in a hash): the variant part of a result file name, as sweeps name the
-    cells of a ``[grid.METHOD]`` table."""
-    slug = "+".join(_safe(f"{n}-{setting_text(v)}") for n, v in sorted(settings.items()))
-    if len(slug) > 80:
-        digest = hashlib.sha256(slug.encode()).hexdigest()[:8]
-        slug = f"{slug[:60]}-{digest}"
-    return slug
+    safe and injective, see ``slug_items``): the variant part of a result file name, as sweeps
+    name the cells of a ``[grid.METHOD]`` table."""
+    return slug_items([(n, _slug_text(v)) for n, v in sorted(settings.items())])
 
 
 def dataset_slug(dataset: str) -> str:
     """A dataset name for file names: ``features:PATH`` becomes ``features-<stem>-<hash of the
     absolute path>``, so two feature files with the same name never share a result file."""
     if not dataset.startswith("features:"):
-        return _safe(dataset)
+        return exact_slug(dataset)
     path = Path(dataset.split(":", 1)[1]).expanduser()
     digest = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:8]
     return f"features-{_safe(path.stem)}-{digest}"
 
 
 def result_path(out_dir: str | Path, dataset: str, ordering: str, method: str,
-                regime: str = "streaming", variant: str = "", extractor: str = "") -> Path:
-    """``<dataset>[-<extractor>]_<ordering>_<method>[_<variant>][_<regime>].json`` (no regime
-    suffix for streaming; ``variant``: ``variant_slug`` of the ``--set`` settings, empty for
+                regime: str = "streaming", variant: str = "", extractor: str = "",
+                protocol: str = "") -> Path:
+    """``<dataset>[-<extractor>]_<ordering>_<method>[_<variant>][_<protocol>][_<regime>].json``
+    (no regime suffix for streaming; ``variant``: ``variant_slug`` of the settings, empty for
     none; ``extractor``: empty for the dataset's default one, so that runs of one stream through
-    two extractors never overwrite each other)."""
+    two extractors never overwrite each other; ``protocol``: ``protocol_slug``, empty for the
+    dataset's protocol)."""
     suffix = "" if regime == "streaming" else f"_{regime}"
     middle = f"_{variant}" if variant else ""
+    middle += f"_{protocol}" if protocol else ""
     name = dataset_slug(dataset) + (f"-{_safe(extractor)}" if extractor else "")
-    return Path(out_dir) / f"{name}_{ordering}_{_safe(method)}{middle}{suffix}.json"
+    return Path(out_dir) / f"{name}_{ordering}_{exact_slug(method)}{middle}{suffix}.json"
+
+
+def protocol_slug(exp: ExperimentSpec, spec: DatasetSpec) -> str:
+    """The protocol options of ``exp`` that differ from the dataset's defaults, as
+    ``limit_per_class=60+offline_epochs=3`` (``=``, never in a variant slug, keeps the two
+    apart): ``--limit-per-class``, ``--offline-epochs``, ``--weights`` (a hash of the file's
+    path), and the regime's ``--batch-size`` / ``--epochs`` where the regime uses them."""
+    items: list[tuple[str, str]] = []
+    if exp.limit_per_class is not None:
+        items.append(("limit_per_class", str(exp.limit_per_class)))
+    if exp.offline_epochs is not None and exp.offline_epochs != spec.offline_epochs:
+        items.append(("offline_epochs", str(exp.offline_epochs)))
+    default = Regime()
+    if exp.regime in ("online", "batch") and exp.batch_size != default.batch_size:
+        items.append(("batch_size", str(exp.batch_size)))
+    if exp.regime == "batch" and exp.epochs != default.epochs:
+        items.append(("epochs", str(exp.epochs)))
+    if exp.weights is not None:
+        weights = Path(exp.weights).expanduser()
+        items.append(("weights", f"{_safe(weights.stem)}-{_digest(str(weights.resolve()))}"))
+    return slug_items(items, sep="=")
+
+
+def name_settings(exp: ExperimentSpec, cls: type[Learner], spec: DatasetSpec) -> dict[str, Any]:
+    """The settings a result's name shows: the ``--set`` ones, typed, and ``--buffer`` when it
+    is not the dataset's (named like ``--set buffer=N``, which it equals)."""
+    known = {s.name: s for s in cls.settings()}
+    typed = {n: parse_value(known[n], t) for n, t in exp.settings.items()}
+    if exp.buffer is not None and "buffer" not in typed and exp.buffer != spec.buffer:
+        typed["buffer"] = exp.buffer
+    return typed
 
 
 def experiment_path(exp: ExperimentSpec, cls: type[Learner]) -> Path:
-    """The result JSON of ``exp`` (which has an output folder): named by its ``--set``
-    settings too, so a variant never overwrites the default's result."""
+    """The result JSON of ``exp`` (which has an output folder): named by its settings and
+    protocol options too, so a variant never overwrites the default's result."""
     from ciosl.data.datasets import get_spec
 
-    known = {s.name: s for s in cls.settings()}
-    typed = {n: parse_value(known[n], t) for n, t in exp.settings.items()}
+    spec = get_spec(exp.dataset)
     extractor = exp.extractor or ""
-    if extractor and extractor == get_spec(exp.dataset).default_extractor:
+    if extractor and extractor == spec.default_extractor:
         extractor = ""
     return result_path(exp.out_dir, exp.dataset, exp.ordering, cls.name, exp.regime,
-                       variant_slug(typed), extractor)
+                       variant_slug(name_settings(exp, cls, spec)), extractor,
+                       protocol_slug(exp, spec))
 
 
 def regime_of(exp: ExperimentSpec) -> Regime:
@@ -235,17 +335,20 @@ def validate(exp: ExperimentSpec) -> tuple[DatasetSpec, type[Learner], dict[str,
         )
     if exp.extractor is not None:
         parse_extractor(exp.extractor)
+    if exp.weights is not None:
+        check_regular(Path(exp.weights).expanduser(), "--weights")
     check_seeds(exp.seeds, "seeds")
-    if exp.offline_epochs is not None and exp.offline_epochs < 1:
-        raise ValueError(f"--offline-epochs must be >= 1, got {exp.offline_epochs}")
-    if exp.checkpoint_every < 0:
-        raise ValueError(f"--checkpoint-every must be >= 0, got {exp.checkpoint_every}")
+    check_range(exp.offline_epochs, "--offline-epochs", 1, MAX_EPOCHS)
+    check_range(exp.checkpoint_every, "--checkpoint-every", 0, MAX_CHECKPOINT_EVERY)
     if (exp.checkpoint_every or exp.resume) and exp.out_dir is None:
         raise ValueError("checkpoints live next to the result JSON: --checkpoint-every and "
                          "--resume need an output folder")
     check_omega_events(exp.omega_events)
-    if exp.limit_per_class is not None and exp.limit_per_class < 1:
-        raise ValueError(f"--limit-per-class must be >= 1, got {exp.limit_per_class}")
+    check_range(exp.limit_per_class, "--limit-per-class", 1, MAX_LIMIT_PER_CLASS)
+    # lower bounds: the learner's (--buffer) and the regime's (--batch-size, --epochs)
+    check_range(exp.buffer, "--buffer", None, MAX_BUFFER)
+    check_range(exp.batch_size, "--batch-size", None, MAX_BATCH_SIZE)
+    check_range(exp.epochs, "--epochs", None, MAX_EPOCHS)
     cls = get_method(exp.method)
     regime = regime_of(exp)
     if regime.name not in cls.regimes:
@@ -305,23 +408,12 @@ def run_seed(exp: ExperimentSpec, cls: type[Learner], settings: dict[str, Any], 
     return run
 
 
-def aggregate(exp: ExperimentSpec, spec: DatasetSpec, cls: type[Learner],
-              settings: dict[str, Any], fs: FeatureSet, offline: OfflineSettings,
-              runs: list[dict], *, wall_seconds: float) -> dict:
-    """The result JSON of a cell from its runs (in ``exp.seeds`` order), without ``path``.
-
-    Each run's Omega_all is (re)computed from its per-event accuracies with
-    ``exp.omega_events`` (a run file of an older sweep may hold the other definition);
-    ``omega_all.events`` names the definition. ``settings`` holds every setting of the
-    method, its defaults included, so a report never has to guess what a run used."""
-    runs = [{**r, "omega_all": omega_all(r["accuracy"], r["accuracy_offline"],
-                                         events=exp.omega_events),
-             "omega_events": exp.omega_events,
-             **continual_metrics(r.get("class_counts"), r.get("matrix_columns"))} for r in runs]
-    omega_mean, omega_std = mean_std([r["omega_all"] for r in runs])
+def result_header(exp: ExperimentSpec, spec: DatasetSpec, cls: type[Learner],
+                  settings: dict[str, Any], fs: FeatureSet, offline: OfflineSettings) -> dict:
+    """The first fields of a result JSON: what the experiment is (``identity_of`` picks the
+    ones that tell two experiments apart). ``fs`` may hold metadata only."""
     every = {s.name: s.default for s in cls.settings() if s.name != "seed"}
-    final_mean, final_std = mean_std([r["accuracy"][-1] for r in runs])
-    result = {
+    return {
         "dataset": exp.dataset,
         "ordering": exp.ordering,
         "method": cls.name,
@@ -337,6 +429,111 @@ def aggregate(exp: ExperimentSpec, spec: DatasetSpec, cls: type[Learner],
         "protocol": {"base_fraction": spec.base_fraction,
                      "classes_per_step": spec.classes_per_step,
                      "offline": offline.__dict__},
+    }
+
+
+IDENTITY = ("dataset", "ordering", "method", "regime", "extractor", "limit_per_class",
+            "settings", "protocol", "features_key")
+
+
+def identity_of(result: dict) -> dict:
+    """The fields of a result (or ``result_header``) that make it the experiment it is, as
+    JSON reads them back: two results with different ones are different experiments. The
+    seeds and the Omega_all definition are not among them (a rerun with more seeds extends an
+    experiment; Omega_all is recomputed from the per-event accuracies); the regime's batch
+    size and epochs count only where the regime uses them. Fields a result lacks are left out
+    (a result of an older ciosl)."""
+    out = {k: result[k] for k in IDENTITY if k in result}
+    regime = result.get("regime")
+    if "regime" in result:
+        regime = regime if isinstance(regime, dict) else {"name": regime}
+        name = regime.get("name") or "streaming"
+        out["regime"] = {"name": name,
+                         **({"batch_size": regime.get("batch_size")}
+                            if name in ("online", "batch") else {}),
+                         **({"epochs": regime.get("epochs")} if name == "batch" else {})}
+    if isinstance(out.get("settings"), dict):
+        out["settings"] = {k: v for k, v in out["settings"].items() if k != "seed"}
+    return json.loads(json.dumps(out, default=str))
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, default=str)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def differences(old: dict, new: dict) -> list[str]:
+    """``field: OLD there, NEW here`` for each identity field (one level into tables) that
+    ``old`` records and ``new`` has otherwise."""
+    a, b = identity_of(old), identity_of(new)
+    out = []
+    for key in IDENTITY:
+        if key not in a or a[key] == b.get(key):
+            continue
+        x, y = a[key], b.get(key)
+        if isinstance(x, dict) and isinstance(y, dict):
+            out += [f"{key}.{k}: {_short(x.get(k, '(absent)'))} there, "
+                    f"{_short(y.get(k, '(absent)'))} here"
+                    for k in sorted(set(x) | set(y), key=str) if x.get(k, ...) != y.get(k, ...)]
+        else:
+            out.append(f"{key}: {_short(x)} there, {_short(y)} here")
+    return out
+
+
+def check_overwrite(path: str | Path, new: dict, *, force: bool = False,
+                    seeds: Sequence[int] | None = None, what: str = "--out") -> None:
+    """Refuse to replace ``path`` unless it holds the same experiment as ``new`` (a result or
+    ``result_header``; see ``identity_of``), whatever wrote it, or ``force``. With ``seeds``
+    (``ciosl run``): also refuse to drop finished runs of the same experiment, seeds the file
+    holds and the new result does not."""
+    path = Path(path)
+    if force or not os.path.lexists(path):
+        return
+    hint = f"--force replaces it, or choose another {what}"
+    try:
+        old = load_json(path, "result")
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{e if isinstance(e, ValueError) else message_of(e)}: refused to "
+                         f"replace it; {hint}") from None
+    if not isinstance(old, dict) or not all(isinstance(old.get(k), str)
+                                            for k in ("dataset", "ordering", "method")):
+        raise ValueError(f"{path} holds no ciosl result: refused to replace it; {hint}")
+    diff = differences(old, new)
+    if diff:
+        more = f"; and {len(diff) - 1} more" if len(diff) > 1 else ""
+        raise ValueError(f"{path} holds another experiment ({diff[0]}{more}): refused to "
+                         f"replace it; {hint}")
+    held = old.get("seeds")
+    if seeds is not None and isinstance(held, list):
+        lost = sorted({s for s in held if isinstance(s, int)} - {int(s) for s in seeds})
+        if lost:
+            shown = ",".join(map(str, lost[:10])) + ("..." if len(lost) > 10 else "")
+            raise ValueError(f"{path} holds finished runs of this experiment that this one "
+                             f"does not repeat (seeds {shown}): refused to drop them; give "
+                             f"--seeds including them, or --force replaces it")
+
+
+def message_of(e: OSError) -> str:
+    return f"{e.filename}: {e.strerror}" if e.strerror and e.filename else str(e)
+
+
+def aggregate(exp: ExperimentSpec, spec: DatasetSpec, cls: type[Learner],
+              settings: dict[str, Any], fs: FeatureSet, offline: OfflineSettings,
+              runs: list[dict], *, wall_seconds: float) -> dict:
+    """The result JSON of a cell from its runs (in ``exp.seeds`` order), without ``path``.
+
+    Each run's Omega_all is (re)computed from its per-event accuracies with
+    ``exp.omega_events`` (a run file of an older sweep may hold the other definition);
+    ``omega_all.events`` names the definition. ``settings`` holds every setting of the
+    method, its defaults included, so a report never has to guess what a run used."""
+    runs = [{**r, "omega_all": omega_all(r["accuracy"], r["accuracy_offline"],
+                                         events=exp.omega_events),
+             "omega_events": exp.omega_events,
+             **continual_metrics(r.get("class_counts"), r.get("matrix_columns"))} for r in runs]
+    omega_mean, omega_std = mean_std([r["omega_all"] for r in runs])
+    final_mean, final_std = mean_std([r["accuracy"][-1] for r in runs])
+    result = {
+        **result_header(exp, spec, cls, settings, fs, offline),
         "seeds": [int(s) for s in exp.seeds],
         "runs": runs,
         "omega_all": {"mean": omega_mean, "std": omega_std, "events": exp.omega_events},
@@ -379,9 +576,14 @@ def run_experiment(exp: ExperimentSpec, *,
         "limit_per_class": exp.limit_per_class, "offline": offline.__dict__,
         "regime": regime_of(exp).__dict__})
     ckpt = None
+    header = result_header(exp, spec, cls, settings, fs, offline)
     if exp.out_dir is not None:  # finished runs are saved there at once, whatever happens next
-        ckpt = checkpoint_path(experiment_path(exp, cls))
+        path = experiment_path(exp, cls)
+        check_overwrite(path, header, force=exp.force, seeds=exp.seeds)  # before any work
+        ckpt = checkpoint_path(path)
         remove_stale_temporaries(ckpt)
+        if exp.resume and os.path.lexists(ckpt):
+            check_regular(ckpt, "checkpoint")  # a FIFO there would block the reader
     saved = load_checkpoint(ckpt, ident) if ckpt is not None and exp.resume else None
     runs: list[dict] = list(saved["runs"]) if saved else []
     elapsed = float(saved["wall_seconds"]) if saved else 0.0
@@ -412,6 +614,12 @@ def run_experiment(exp: ExperimentSpec, *,
                        wall_seconds=elapsed + time.time() - started)
     if exp.out_dir is not None:
         result["path"] = str(experiment_path(exp, cls))
+        # again: another command may have written there meanwhile (the runs are checkpointed)
+        try:
+            check_overwrite(result["path"], header, force=exp.force, seeds=exp.seeds)
+        except ValueError as e:
+            raise ValueError(f"{e} (the {len(runs)} finished run(s) are saved: the same "
+                             "command with --resume writes the result)") from None
         try:
             atomic_write_json(result["path"], result)
         except OSError as e:  # a full disk, say: the runs are in the checkpoint

@@ -37,14 +37,26 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ciosl.evaluation.experiment import MAX_RUNS, ExperimentSpec, result_path, validate
+from ciosl.evaluation.experiment import (
+    MAX_BATCH_SIZE,
+    MAX_EPOCHS,
+    MAX_LIMIT_PER_CLASS,
+    MAX_RUNS,
+    MAX_SEED,
+    ExperimentSpec,
+    result_path,
+    slug_items,
+    validate,
+)
 from ciosl.evaluation.metrics import OMEGA_EVENTS, check_omega_events
+from ciosl.fileio import MAX_TEXT_BYTES, read_text
 from ciosl.learners.base import Setting, get_method
 
 if sys.version_info >= (3, 11):
@@ -79,6 +91,14 @@ KEYS = {
                     "default) or every event (all)",
 }
 _VARIANT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.+=-]*$")
+# a grid's name names its output folder (results/<name>) and its copy (sweep-<name>.toml): one
+# plain folder name, never "", ".", ".." or a path
+_GRID_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+=-]{0,99}$")
+MAX_CELLS = 10_000  # cells of one grid (each is validated, listed and run)
+MAX_GRID_RUNS = 1_000_000  # cells x seeds
+# upper bounds of the numeric keys (the lower bound is 1)
+BOUNDS = {"limit_per_class": MAX_LIMIT_PER_CLASS, "offline_epochs": MAX_EPOCHS,
+          "batch_size": MAX_BATCH_SIZE, "epochs": MAX_EPOCHS}
 
 
 Variant = tuple[dict[str, str], dict[str, str], str]  # settings, setting -> key, origin key
@@ -145,17 +165,24 @@ def load_grid(path: str | Path, *, out: str | Path | None = None,
     files a later full sweep reuses) and ``omega_events`` its Omega_all definition."""
     path = Path(path)
     try:
-        text = path.read_text()
+        text = read_text(path, "grid", MAX_TEXT_BYTES)
     except OSError as e:
         raise GridError(f"{path}: cannot read the grid ({e.strerror or e})") from None
+    except ValueError as e:  # not a regular file, too large, not UTF-8: the message names it
+        raise GridError(str(e)) from None
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise GridError(f"{path}: not valid TOML: {e}") from None
     grid = parse_grid(raw, source=str(path), text=text, out=out, default_name=path.stem)
     if seeds is not None:
-        if not seeds or any(s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
-            raise GridError(f"seeds: expects distinct integers >= 0, got {seeds!r}")
+        if (not seeds or any(s < 0 or s > MAX_SEED for s in seeds)
+                or len(set(seeds)) != len(seeds) or len(seeds) > MAX_RUNS):
+            raise GridError(f"seeds: expects at most {MAX_RUNS} distinct integers from 0 to "
+                            f"{MAX_SEED}, got {seeds!r}")
+        if len(seeds) * len(grid.cells) > MAX_GRID_RUNS:
+            raise GridError(f"seeds: {len(grid.cells)} cells x {len(seeds)} runs is more than "
+                            f"the {MAX_GRID_RUNS} runs a sweep accepts")
         grid.seeds = list(seeds)
     if omega_events is not None:
         grid.omega_events = check_omega_events(omega_events)
@@ -200,7 +227,23 @@ class _Parser:
         value = self.get(key, (int,), "a positive integer")
         if value is not None and value < 1:
             raise self.fail(key, f"expects a positive integer, got {value}")
+        if value is not None and key in BOUNDS and value > BOUNDS[key]:
+            raise self.fail(key, f"must be <= {BOUNDS[key]}, got {value}")
         return value
+
+    def grid_name(self, default_name: str) -> str:
+        """The grid's name: a plain folder name (it names ``results/<name>``); the file
+        name, made one, when the grid names none."""
+        if "name" not in self.raw:
+            safe = re.sub(r"[^A-Za-z0-9._+=-]+", "-", default_name).strip("-.")[:100]
+            return safe if _GRID_NAME.match(safe) else "grid"
+        name = self.get("name", (str,), "a string")
+        if not _GRID_NAME.match(name):
+            raise self.fail("name", f"{name!r} is not a plain folder name: it names the output "
+                            "folder (results/<name>), so it must start with a letter or digit "
+                            "and hold only letters, digits and '.', '_', '+', '=', '-' (at most "
+                            "100), never '/', '..' or a space")
+        return name
 
     # ----------------------------------------------------------------- the grid
 
@@ -208,7 +251,7 @@ class _Parser:
         unknown = sorted(set(self.raw) - set(KEYS))
         if unknown:
             raise self.fail(unknown[0], f"unknown top-level key; valid keys: {', '.join(KEYS)}")
-        name = self.get("name", (str,), "a string", default_name)
+        name = self.grid_name(default_name)
         description = self.get("description", (str,), "a string", "")
         out_dir = out if out is not None else self.get("out", (str,), "a folder name",
                                                         f"results/{name}")
@@ -217,6 +260,14 @@ class _Parser:
         methods = self.methods()
         variants = self.variants(methods)
         regimes, regime_options = self.regimes()
+        count = len(pairs) * sum(len(variants[m]) for m in methods) * len(regimes)
+        if count > MAX_CELLS:  # counted before any cell is built or checked
+            raise self.fail("datasets", f"{count} cells, more than the {MAX_CELLS} a grid may "
+                            "have: split it into several grids")
+        if count * len(seeds) > MAX_GRID_RUNS:
+            raise self.fail("runs" if "runs" in self.raw else "seeds",
+                            f"{count} cells x {len(seeds)} runs is more than the "
+                            f"{MAX_GRID_RUNS} runs a sweep accepts")
         grid = Grid(
             name=name, source=self.source, text=text, cells=[], seeds=seeds, out=Path(out_dir),
             cache=self.get("cache", (str,), "a folder name"),
@@ -277,6 +328,8 @@ class _Parser:
                                 f"{seeds!r}")
             if len(set(seeds)) != len(seeds):
                 raise self.fail("seeds", f"lists a seed twice: {seeds!r}")
+            if max(seeds) > MAX_SEED:
+                raise self.fail("seeds", f"a seed must be <= {MAX_SEED}, got {max(seeds)}")
             if len(seeds) > MAX_RUNS:
                 raise self.fail("seeds", f"at most {MAX_RUNS} runs per cell, got {len(seeds)}")
             return list(seeds)
@@ -400,8 +453,12 @@ class _Parser:
                     axes.append([(name, t) for t in texts])
                 if not axes:
                     raise self.fail(f"grid.{method}", "names no setting")
+                count = math.prod(len(a) for a in axes)
+                if count > MAX_CELLS:
+                    raise self.fail(f"grid.{method}", f"{count} combinations, more than the "
+                                    f"{MAX_CELLS} cells a grid may have")
                 for combo in itertools.product(*axes):
-                    vname = "+".join(f"{n}-{t}" for n, t in combo)
+                    vname = slug_items(combo)  # file-name safe, injective
                     keys = {**base_keys, **{n: f"grid.{method}.{n}" for n, _ in combo}}
                     variants[vname] = ({**base, **dict(combo)}, keys, f"grid.{method}")
             for vname, values in named.get(method, {}).items():

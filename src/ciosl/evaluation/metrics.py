@@ -71,16 +71,25 @@ def mean_std(values: Sequence[float]) -> tuple[float, float]:
 # tested at event t (a step not yet reached).
 
 
+def _label_keys(labels: np.ndarray) -> list[str]:
+    """Labels as JSON keys, as ``str(label)`` writes them (without a loop over the labels in
+    Python for integer and string labels)."""
+    if labels.dtype.kind in "iuU":
+        return labels.astype(str).tolist()
+    return [str(c) for c in labels.tolist()]
+
+
 def class_counts(pred: np.ndarray, y: np.ndarray) -> dict[str, list[int]]:
     """``{label: [correct, n]}`` over the test samples of each label present in ``y`` (labels
-    as text: JSON keys)."""
+    as text: JSON keys). Vectorised: one pass over the samples, whatever the number of
+    classes."""
     pred, y = np.asarray(pred), np.asarray(y)
-    out = {}
-    for c in np.unique(y):
-        at = y == c
-        out[str(c.item() if isinstance(c, np.generic) else c)] = [int((pred[at] == c).sum()),
-                                                                   int(at.sum())]
-    return out
+    labels, inverse = np.unique(y, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    n = np.bincount(inverse, minlength=len(labels))
+    correct = np.bincount(inverse, weights=(pred == y).reshape(-1), minlength=len(labels))
+    pairs = np.stack([correct.astype(np.int64), n.astype(np.int64)], axis=1).tolist()
+    return dict(zip(_label_keys(labels), pairs, strict=True))
 
 
 def matrix_columns(event_classes: Sequence[Sequence[int]] | None,
@@ -89,48 +98,81 @@ def matrix_columns(event_classes: Sequence[Sequence[int]] | None,
     before (class orderings), or one column per class (``event_classes`` None: every event
     tests every class)."""
     if event_classes is None:
-        return [[int(c)] for c in classes]
-    out, before = [], set()
+        return np.asarray(classes, dtype=np.int64).reshape(-1, 1).tolist()
+    out = []
+    seen = np.zeros(0, dtype=np.int64)  # sorted classes tested so far
     for tested in event_classes:
-        new = [int(c) for c in tested if c not in before]
-        before |= set(tested)
-        out.append(new)
+        tested = np.asarray(tested, dtype=np.int64).reshape(-1)
+        # the classes not tested before, in the order listed, each once
+        fresh = ~np.isin(tested, seen)
+        _, first = np.unique(tested, return_index=True)
+        once = np.zeros(len(tested), dtype=bool)
+        once[first] = True
+        out.append(tested[fresh & once].tolist())
+        seen = np.union1d(seen, tested)
     return out
 
 
 def accuracy_matrix(counts: Sequence[dict[str, Sequence[int]]],
                     columns: Sequence[Sequence[int]]) -> list[list[float | None]]:
     """R[t][j] from each event's ``class_counts``: correct / n pooled over column j's classes;
-    None if none of them was tested at event t."""
+    None if none of them was tested at event t. Vectorised over the classes."""
+    keys = np.array([str(c) for col in columns for c in col], dtype=str)
+    owner = np.repeat(np.arange(len(columns)), [len(col) for col in columns])
+    order = np.argsort(keys, kind="stable")
+    keys, owner = keys[order], owner[order]  # sorted, for searchsorted
     R = []
     for at_t in counts:
-        row = []
-        for col in columns:
-            hits = [at_t[str(c)] for c in col if str(c) in at_t]
-            n = sum(h[1] for h in hits)
-            row.append(sum(h[0] for h in hits) / n if n else None)
-        R.append(row)
+        names = np.array(list(at_t), dtype=str)
+        hits = np.array(list(at_t.values()), dtype=np.int64).reshape(-1, 2)
+        lo = np.searchsorted(keys, names, side="left")
+        hi = np.searchsorted(keys, names, side="right")
+        # every (label, column) pair: a label listed in several columns counts in each
+        reps = hi - lo
+        sample = np.repeat(np.arange(len(names)), reps)
+        slot = (np.arange(reps.sum()) - np.repeat(np.cumsum(reps) - reps, reps)
+                + np.repeat(lo, reps))
+        col = owner[slot]
+        correct = np.bincount(col, weights=hits[sample, 0], minlength=len(columns))
+        total = np.bincount(col, weights=hits[sample, 1], minlength=len(columns))
+        row = np.empty(len(columns), dtype=object)
+        tested = total > 0
+        row[tested] = (correct[tested] / total[tested]).tolist()
+        row[~tested] = None
+        R.append(row.tolist())
     return R
 
 
-def _learned(R: Sequence[Sequence[float | None]]) -> list[tuple[int, int]]:
-    """(column, event it was first tested) for the columns first tested before the last event."""
+def _as_array(R: Sequence[Sequence[float | None]]) -> np.ndarray:
+    """R as floats, None as NaN, shape (T, J)."""
     T = len(R)
-    out = []
-    for j in range(len(R[0]) if T else 0):
-        first = next((t for t in range(T) if R[t][j] is not None), None)
-        if first is not None and first < T - 1 and R[-1][j] is not None:
-            out.append((j, first))
-    return out
+    J = len(R[0]) if T else 0
+    return np.array(R, dtype=np.float64).reshape(T, J)
+
+
+def _learned(R: Sequence[Sequence[float | None]]) -> tuple[np.ndarray, np.ndarray]:
+    """(columns, event each was first tested) for the columns first tested before the last
+    event (and tested at it)."""
+    A = _as_array(R)
+    T = A.shape[0]
+    if T == 0:
+        return np.zeros(0, int), np.zeros(0, int)
+    tested = ~np.isnan(A)
+    first = np.where(tested.any(axis=0), tested.argmax(axis=0), T)
+    cols = np.flatnonzero((first < T - 1) & tested[-1])
+    return cols, first[cols]
 
 
 def average_forgetting(R: Sequence[Sequence[float | None]]) -> float | None:
     """Average forgetting at the end (Chaudhry et al. 2018): over the columns learned before the
     last event, the mean of max_{l < T-1} R[l][j] - R[T-1][j] (the best accuracy the column had
     before the last event minus its last). None with a single event."""
-    drops = [max(R[t][j] for t in range(first, len(R) - 1) if R[t][j] is not None) - R[-1][j]
-             for j, first in _learned(R)]
-    return float(np.mean(drops)) if drops else None
+    cols, _ = _learned(R)
+    if not len(cols):
+        return None
+    A = _as_array(R)
+    drops = np.nanmax(A[:-1, cols], axis=0) - A[-1, cols]
+    return float(np.mean(drops.tolist()))
 
 
 def backward_transfer(R: Sequence[Sequence[float | None]]) -> float | None:
@@ -138,8 +180,12 @@ def backward_transfer(R: Sequence[Sequence[float | None]]) -> float | None:
     event, the mean of R[T-1][j] - R[j'][j], j' the event the column was first tested at (its
     class step's own event; the base event for iid and instance orderings). Negative:
     forgetting. None with a single event."""
-    diffs = [R[-1][j] - R[first][j] for j, first in _learned(R)]
-    return float(np.mean(diffs)) if diffs else None
+    cols, first = _learned(R)
+    if not len(cols):
+        return None
+    A = _as_array(R)
+    diffs = A[-1, cols] - A[first, cols]
+    return float(np.mean(diffs.tolist()))
 
 
 def final_class_accuracy(counts: Sequence[dict[str, Sequence[int]]]) -> dict[str, float]:
@@ -170,14 +216,17 @@ def mean_matrix(matrices: Sequence[Sequence[Sequence[float | None]] | None]
     if len(shapes) != 1:
         return None
     T, J = shapes.pop()
-    out = []
-    for t in range(T):
-        row = []
-        for j in range(J):
-            vals = [m[t][j] for m in matrices if m[t][j] is not None]
-            row.append(float(np.mean(vals)) if vals else None)
-        out.append(row)
-    return out
+    # runs on the last axis: its sum is numpy's pairwise sum, as np.mean of the values gives
+    A = np.stack([_as_array(m) for m in matrices], axis=-1).reshape(T, J, len(matrices))
+    valid = ~np.isnan(A)
+    count = valid.sum(axis=-1)
+    full = count == len(matrices)
+    out = np.empty((T, J), dtype=object)
+    out[full] = (A[full].sum(axis=-1) / len(matrices)).tolist()
+    out[count == 0] = None
+    for t, j in zip(*np.nonzero((count > 0) & ~full), strict=True):  # some runs not tested
+        out[t, j] = float(np.mean(A[t, j][valid[t, j]].tolist()))
+    return out.tolist()
 
 
 def summary(values: Sequence[float | None]) -> dict | None:

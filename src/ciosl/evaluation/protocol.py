@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ciosl.conformance import checked_predict
 from ciosl.data.orderings import Ordering
 from ciosl.data.types import FeatureSet
 from ciosl.evaluation.metrics import accuracy, class_counts, matrix_columns
@@ -181,8 +182,8 @@ def run_stream(learner: Learner, fs: FeatureSet, ordering: Ordering, *,
             t = len(st["accuracy"])
             mask = ordering.test_mask(fs.test_y, t)
             t0 = time.perf_counter()
-            with torch.no_grad():
-                pred = learner.predict(fs.test_z[mask])
+            with torch.no_grad():  # checked as the conformance suite checks a learner
+                pred = checked_predict(learner, fs.test_z[mask])
             st["accuracy"].append(accuracy(pred, fs.test_y[mask]))
             st["class_counts"].append(class_counts(pred, fs.test_y[mask]))
             st["predict_seconds"] += time.perf_counter() - t0  # includes retraining, if any

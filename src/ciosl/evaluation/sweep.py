@@ -52,9 +52,12 @@ from ciosl.data.types import DatasetSpec, FeatureSet
 from ciosl.evaluation.experiment import (
     ExperimentSpec,
     aggregate,
+    check_overwrite,
+    check_range,
     load_features,
     offline_curve,
     offline_settings,
+    result_header,
     run_seed,
     stream_ordering,
     validate,
@@ -187,7 +190,19 @@ def _finished(out: Path, info: CellInfo, seed: int) -> dict | None:
     return None
 
 
-def write_result(grid: Grid, out: Path, info: CellInfo) -> dict:
+def check_cell_file(grid: Grid, out: Path, info: CellInfo, force: bool) -> None:
+    """Refuse (unless ``force``) to replace the cell's result file if it holds another
+    experiment, whatever wrote it; or, if ``ciosl run`` wrote it (its runs are nowhere else),
+    finished runs of seeds the grid does not run."""
+    path = result_file(out, info.cell)
+    old = read_json(path)
+    seeds = None if isinstance(old, dict) and "sweep" in old else grid.seeds
+    check_overwrite(path, result_header(info.exp, info.spec, info.cls, info.settings, info.fs,
+                                        info.offline),
+                    force=force, seeds=seeds, what="output folder (--out)")
+
+
+def write_result(grid: Grid, out: Path, info: CellInfo, force: bool = False) -> dict:
     """The cell's result JSON from its run files (all seeds must be there)."""
     saved = [_finished(out, info, s) for s in grid.seeds]
     missing = [s for s, x in zip(grid.seeds, saved, strict=True) if x is None]
@@ -201,6 +216,7 @@ def write_result(grid: Grid, out: Path, info: CellInfo) -> dict:
                        "fingerprint": info.fingerprint}
     path = result_file(out, info.cell)
     result["path"] = str(path)
+    check_cell_file(grid, out, info, force)  # again: a `ciosl run` may have written there
     atomic_write_json(path, result)
     return result
 
@@ -379,13 +395,27 @@ class _Stream:
     runs: list[tuple[CellInfo, int]]
 
 
+MAX_RAY_WORKERS = 10_000
+
+
+def max_local_workers() -> int:
+    """Local worker processes: at most 4 per CPU here (each holds a torch)."""
+    return 4 * default_workers()
+
+
 def run_sweep(grid: Grid, *, executor: str = "local", workers: int | None = None,
-              address: str | None = None, monitor: Monitor | None = None) -> SweepSummary:
-    """Run every (cell, seed) of ``grid`` not finished yet; see the module docstring."""
+              address: str | None = None, monitor: Monitor | None = None,
+              force: bool = False) -> SweepSummary:
+    """Run every (cell, seed) of ``grid`` not finished yet; see the module docstring.
+    ``force``: replace cell results of other experiments (refused otherwise, before any
+    work)."""
     if executor not in EXECUTORS:
         raise ValueError(f"unknown executor {executor!r}; valid choices: {', '.join(EXECUTORS)}")
-    if workers is not None and workers < 1:
-        raise ValueError(f"--workers must be >= 1, got {workers}")
+    if executor == "local":
+        check_range(workers, "--workers", 1, max_local_workers(),
+                    f" (4 per CPU here: {default_workers()} CPUs)")
+    else:
+        check_range(workers, "--workers", 1, MAX_RAY_WORKERS)
     if address is not None and executor != "ray":
         raise ValueError("--address only applies with --executor ray")
     if executor == "ray":
@@ -393,6 +423,8 @@ def run_sweep(grid: Grid, *, executor: str = "local", workers: int | None = None
     started = time.time()
     out = check_writable(grid.out, "the output folder")  # before loading or computing anything
     infos = prepare(grid)
+    for info in infos:  # no cell file of another experiment is replaced: refused before any work
+        check_cell_file(grid, out, info, force)
     name = re.sub(r"[^A-Za-z0-9_.+-]+", "-", grid.name).strip("-") or "grid"
     atomic_write_bytes(out / f"sweep-{name}.toml", grid.text.encode())  # read by the report
 
@@ -415,22 +447,24 @@ def run_sweep(grid: Grid, *, executor: str = "local", workers: int | None = None
         if not (isinstance(old, dict) and old.get("sweep", {}).get("fingerprint")
                 == info.fingerprint and old.get("seeds") == list(grid.seeds)
                 and (old.get("omega_all") or {}).get("events") == info.exp.omega_events):
-            summary.results.append(_cell_done(grid, out, info, monitor))
+            summary.results.append(_cell_done(grid, out, info, monitor, force))
 
     status = Status(runs=summary.runs, skipped=skipped, offline=len(streams))
     if monitor is not None:
         monitor.update(status)
     if streams:
         with sigterm_as_interrupt():
-            _drive(grid, out, streams, status, summary, executor, workers, address, monitor)
+            _drive(grid, out, streams, status, summary, executor, workers, address, monitor,
+                   force)
     summary.wall_seconds = time.time() - started
     if monitor is not None:
         monitor.update(status)
     return summary
 
 
-def _cell_done(grid: Grid, out: Path, info: CellInfo, monitor: Monitor | None) -> str:
-    result = write_result(grid, out, info)
+def _cell_done(grid: Grid, out: Path, info: CellInfo, monitor: Monitor | None,
+               force: bool = False) -> str:
+    result = write_result(grid, out, info, force)
     if monitor is not None:
         monitor.cell_done(info.cell, result)
     return result["path"]
@@ -438,7 +472,7 @@ def _cell_done(grid: Grid, out: Path, info: CellInfo, monitor: Monitor | None) -
 
 def _drive(grid: Grid, out: Path, streams: dict[tuple, _Stream], status: Status,
            summary: SweepSummary, executor: str, workers: int | None, address: str | None,
-           monitor: Monitor | None) -> None:
+           monitor: Monitor | None, force: bool = False) -> None:
     ex: _Local | _Ray = (_Local(workers or default_workers()) if executor == "local"
                          else _Ray(workers, address))
     offline_queue = deque(streams.values())
@@ -498,7 +532,7 @@ def _drive(grid: Grid, out: Path, streams: dict[tuple, _Stream], status: Status,
                     monitor.run_done(info.cell, seed, value["run"], value["wall_seconds"])
                 left[info.cell.id].discard(seed)
                 if not left[info.cell.id]:
-                    summary.results.append(_cell_done(grid, out, info, monitor))
+                    summary.results.append(_cell_done(grid, out, info, monitor, force))
             kinds = [k for k, _, _ in in_flight.values()]
             status.running, status.offline_running = kinds.count("run"), kinds.count("offline")
             status.eta = _eta(status, ex.workers, run_seconds, offline_seconds,

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
+import hashlib
 import inspect
 import io
 import math
@@ -32,6 +34,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from ciosl.errors import LearnerError, writing
 from ciosl.fileio import atomic_write_bytes
 
 _REGISTRY: dict[str, type[Learner]] = {}
@@ -100,14 +103,28 @@ def load_method(spec: str) -> type[Learner]:
         obj = importlib.import_module(module)
     except ImportError as e:
         raise ValueError(f"method {spec!r}: cannot import {module!r} ({e})") from None
+    except (Exception, SystemExit) as e:  # the user's module is broken, not ciosl
+        raise ValueError(f"method {spec!r}: importing module {module!r} failed: "
+                         f"{_describe(e)}") from None
     for part in attr.split("."):
-        if not hasattr(obj, part):
+        try:
+            found = hasattr(obj, part)
+            obj = getattr(obj, part) if found else obj
+        except (Exception, SystemExit) as e:  # a module __getattr__ or a property that raises
+            raise ValueError(f"method {spec!r}: reading {attr!r} from module {module!r} failed: "
+                             f"{_describe(e)}") from None
+        if not found:
             raise ValueError(f"method {spec!r}: module {module!r} has no {attr!r}")
-        obj = getattr(obj, part)
     try:
         return _register_external(obj, f"method {spec!r}")
     except TypeError as e:
         raise ValueError(str(e)) from None
+
+
+def _describe(e: BaseException) -> str:
+    """``Type: first line of the message`` of an exception raised by a user's code."""
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
 
 
 def available_methods() -> dict[str, type[Learner]]:
@@ -195,6 +212,43 @@ def parse_value(setting: Setting, text: str) -> Any:
     return value
 
 
+def plain(value: Any) -> Any:
+    """``value`` with NumPy scalars made Python numbers (inside lists and tuples too): a setting
+    of ``np.float64(0.1)`` would make a saved learner unreadable with ``weights_only=True``."""
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, list | tuple):
+        return type(value)(plain(v) for v in value)
+    return value
+
+
+_TYPE_WORDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string",
+               tuple: "a list of integers"}
+
+
+def check_type(setting: Setting, value: Any, prefix: str = "") -> None:
+    """Refuse a value of the wrong kind for a setting: ``buffer=20.5`` or ``buffer=True`` for an
+    integer, a string for a number, ``1`` for a flag (settings whose default is None take any
+    value: their kind is not known)."""
+    t = setting.type
+    if t is type(None) or t not in _TYPE_WORDS:
+        return
+    if t is bool:
+        ok = isinstance(value, bool)
+    elif t is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif t is float:
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+    elif t is str:
+        ok = isinstance(value, str)
+    else:
+        ok = isinstance(value, tuple | list) and all(
+            isinstance(v, int) and not isinstance(v, bool) for v in value)
+    if not ok:
+        raise ValueError(f"{prefix}setting {setting.name!r} expects {_TYPE_WORDS[t]}, got "
+                         f"{setting.name}={value!r} ({type(value).__name__})")
+
+
 def _hashable(v: Any) -> Any:
     return v.item() if isinstance(v, np.generic) else v
 
@@ -211,6 +265,93 @@ def check_finite(setting: Setting, value: Any, prefix: str = "") -> None:
     if math.isnan(value) or (math.isinf(value) and not allows_inf(setting)):
         raise ValueError(f"{prefix}setting {setting.name!r} expects a finite number, got "
                          f"{setting.name}={value}")
+
+
+def bad_feature(Z: np.ndarray) -> tuple[int, str] | None:
+    """The first row of the real 2-d array ``Z`` holding a value a learner refuses, and what is
+    wrong with it (``"has NaN or infinite features"``, ``"has feature 3 = 1e+39, too large
+    ..."``), or None. Feature files use it too, to name the file and the row."""
+    finite = np.isfinite(Z).all(axis=1)
+    big = ~(np.abs(np.where(np.isfinite(Z), Z, 0)) <= MAX_FEATURE).all(axis=1)
+    bad = ~finite | big
+    if not bad.any():
+        return None
+    row = int(np.argmax(bad))
+    if not finite[row]:
+        return row, "has NaN or infinite features"
+    col = int(np.argmax(np.abs(Z[row]) > MAX_FEATURE))
+    return row, (f"has feature {col} = {float(Z[row, col]):.3g}, beyond +-{MAX_FEATURE:.0e}: "
+                 "too large (its square overflows float32 arithmetic, and it would swamp every "
+                 "running mean for good); rescale the features")
+
+
+PROBA_TOLERANCE = 1e-3  # how far a row of probabilities may sum from 1
+
+
+def describe_learner(learner: Any) -> str:
+    """``method 'name'``, with the class's module for a learner defined outside ciosl."""
+    cls = type(learner)
+    where = "" if cls.__module__.startswith("ciosl.") else f" ({cls.__module__}:{cls.__qualname__})"
+    return f"method {getattr(learner, 'name', cls.__name__)!r}{where}"
+
+
+def proba_problem(P: Any, n: int, k: int) -> str | None:
+    """What is wrong with ``P`` as the probabilities of ``n`` samples over ``k`` classes (the
+    conformance suite's check (3)), or None."""
+    try:
+        P = np.asarray(P, dtype=np.float64)
+    except (TypeError, ValueError) as e:
+        return f"is not an array of numbers ({type(e).__name__}: {e})"
+    if P.shape != (n, k):
+        return (f"has shape {P.shape} for {n} sample(s) and {k} class(es) seen (expected "
+                f"({n}, {k}): one row per sample, one column per class in classes_)")
+    finite = np.isfinite(P).all(axis=1)
+    if not finite.all():
+        return f"holds NaN or infinite probabilities (row {int(np.argmin(finite))})"
+    outside = ((P < -PROBA_TOLERANCE) | (P > 1 + PROBA_TOLERANCE)).any(axis=1)
+    if outside.any():
+        return f"holds probabilities outside [0, 1] (row {int(np.argmax(outside))})"
+    sums = P.sum(axis=1)
+    off = np.abs(sums - 1) > PROBA_TOLERANCE
+    if off.any():
+        row = int(np.argmax(off))
+        return f"has a row that sums to {sums[row]:.6g}, not 1 (row {row})"
+    return None
+
+
+def checked_proba(learner: Any, P: Any, n: int) -> np.ndarray:
+    """``P`` as float64 if it is a valid answer of ``learner`` for ``n`` samples, else
+    ``LearnerError`` naming the method and the problem."""
+    problem = proba_problem(P, n, len(learner.classes_))
+    if problem is not None:
+        raise LearnerError(f"{describe_learner(learner)}: predict_proba {problem}")
+    return np.asarray(P, dtype=np.float64)
+
+
+# the protocol's entry points: a subclass that overrides one is wrapped too (see
+# Learner.__init_subclass__), so that a learner calling sys.exit raises LearnerError instead of
+# ending the program without a result (and with status 0)
+GUARDED = ("fit_base", "learn_one", "learn_many", "predict_proba", "predict",
+           "predict_proba_one", "predict_one", "state_dict", "load_state_dict", "memory_bytes",
+           "score", "clone")
+
+
+def _no_exit(fn: Callable) -> Callable:
+    """``fn`` with ``SystemExit`` turned into ``LearnerError`` naming the method."""
+    if getattr(fn, "_ciosl_no_exit", False):
+        return fn
+
+    @functools.wraps(fn)
+    def guarded(self, *args, **kwargs):
+        try:
+            return fn(self, *args, **kwargs)
+        except SystemExit as e:
+            raise LearnerError(f"{describe_learner(self)}: {fn.__name__} called "
+                               f"sys.exit({e.code!r}); a learner must raise an exception, "
+                               "not end the program") from None
+
+    guarded._ciosl_no_exit = True  # type: ignore[attr-defined]
+    return guarded
 
 
 class Learner:
@@ -282,6 +423,7 @@ class Learner:
     def _check_settings(self) -> None:
         for s in self.settings():
             v = getattr(self, s.name)
+            check_type(s, v, f"{self.name}: ")
             check_finite(s, v, f"{self.name}: ")
             if s.choices is not None and v not in s.choices:
                 raise ValueError(
@@ -304,8 +446,6 @@ class Learner:
         # subclass constructors only store their arguments; wrap them to validate choices and
         # reset the fitted state, so no subclass can forget it.
         init = cls.__dict__.get("__init__")
-        if init is None:
-            return
 
         def wrapped(self, *args, __init=init, **kwargs):
             if args:
@@ -317,11 +457,21 @@ class Learner:
                     f"{type(self).name}: unknown setting(s) {', '.join(sorted(unknown))}; "
                     f"valid settings: {', '.join(sorted(known))}"
                 )
-            __init(self, **kwargs)
+            try:
+                __init(self, **{k: plain(v) for k, v in kwargs.items()})
+            except SystemExit as e:
+                raise LearnerError(f"{describe_learner(self)}: its constructor called "
+                                   f"sys.exit({e.code!r}); a learner must raise an exception, "
+                                   "not end the program") from None
             if type(self).__init__ is wrapped:  # outermost constructor only
                 self._check_settings()
                 self._reset()
 
+        for name in GUARDED:
+            if name in cls.__dict__ and callable(cls.__dict__[name]):
+                setattr(cls, name, _no_exit(cls.__dict__[name]))
+        if init is None:
+            return
         wrapped.__signature__ = inspect.signature(init)  # type: ignore[attr-defined]
         wrapped.__doc__ = init.__doc__
         cls.__init__ = wrapped  # type: ignore[method-assign]
@@ -353,22 +503,13 @@ class Learner:
             raise ValueError(f"{where}: features must be real numbers, got dtype {Z.dtype}")
         if Z.shape[0] == 0:
             raise ValueError(f"{where}: empty input (0 samples)")
+        if Z.shape[1] == 0:
+            raise ValueError(f"{where}: features of width 0 (each sample has no feature); a "
+                             "sample needs at least one")
+        found = bad_feature(Z)  # on the values given, before float32 turns 1e39 into inf
+        if found is not None:
+            raise ValueError(f"{where}: sample at position {first + found[0]} {found[1]}")
         Z = Z.astype(np.float32, copy=False)
-        finite = np.isfinite(Z).all(axis=1)
-        if not finite.all():
-            bad = int(np.flatnonzero(~finite)[0])
-            raise ValueError(
-                f"{where}: sample at position {first + bad} has NaN or infinite features"
-            )
-        big = np.abs(Z) > MAX_FEATURE
-        if big.any():
-            row, col = (int(v) for v in np.argwhere(big)[0])
-            raise ValueError(
-                f"{where}: sample at position {first + row} has feature {col} = "
-                f"{float(Z[row, col]):.3g}, beyond +-{MAX_FEATURE:.0e} (its square overflows "
-                "float32 arithmetic, and it would swamp every running mean for good): rescale "
-                "the features"
-            )
         if self.dim_ is not None and Z.shape[1] != self.dim_:
             raise ValueError(
                 f"{where}: feature width {Z.shape[1]} differs from the width seen first "
@@ -501,14 +642,20 @@ class Learner:
             owner("_learn_batch"), owner("_learn_one"))
 
     def predict_proba(self, Z) -> np.ndarray:
+        """(n, len(classes_)) probabilities, checked: a model answering NaN, or with the wrong
+        number of rows or columns, raises ``LearnerError`` instead of being scored."""
         if not self.classes_:
             raise RuntimeError(f"{self.name}: predict before any sample was learned")
         Z = self._check_Z(Z, where="predict_proba")
         with single_thread() if len(Z) < SMALL_BATCH else contextlib.nullcontext():
-            return np.asarray(self._predict_proba(Z), dtype=np.float64)
+            return checked_proba(self, self._predict_proba(Z), len(Z))
 
     def predict(self, Z) -> np.ndarray:
-        P = self.predict_proba(Z)
+        P = self.predict_proba(Z)  # checked again: a subclass may answer it its own way
+        return self._labels_of(checked_proba(self, P, 1 if np.ndim(Z) == 1 else len(Z)))
+
+    def _labels_of(self, P: np.ndarray) -> np.ndarray:
+        """The label of each row's most probable class (``predict``'s answer from ``P``)."""
         return np.asarray(self.classes_, dtype=object)[P.argmax(axis=1)].astype(
             np.asarray(self.classes_).dtype
         )
@@ -618,19 +765,21 @@ class Learner:
         """
         from ciosl import __version__
 
-        buf = io.BytesIO()
-        torch.save({"format": FILE_FORMAT, "format_version": FILE_VERSION,
-                    "ciosl_version": __version__, "method": self.name,
-                    "settings": self.get_params(), "state": self.state_dict()}, buf)
-        return atomic_write_bytes(path, buf.getvalue())
+        data = serialize(with_checksum(
+            {"format": FILE_FORMAT, "format_version": FILE_VERSION, "ciosl_version": __version__,
+             "method": self.name, "settings": plain(self.get_params()),
+             "state": self.state_dict()}), f"{describe_learner(self)}: cannot save to {path}")
+        with writing(path):
+            return atomic_write_bytes(path, data)
 
     @classmethod
     def load(cls, path: str | Path) -> Learner:
         """A learner saved with ``save``; ``Learner.load`` gives the saved method's class,
         ``SomeMethod.load`` refuses a file of another method."""
         from ciosl.data.archive import ArchiveError, check_zip
+        from ciosl.fileio import check_regular
 
-        path = Path(path)
+        path = check_regular(path, "ciosl learner file")  # a FIFO or a device would block
         try:
             check_zip(path, "ciosl learner file")  # sizes checked before anything inflates
             blob = torch.load(path, map_location="cpu", weights_only=True)
@@ -662,14 +811,24 @@ class Learner:
                              "ciosl.Learner.load")
         try:
             learner = (cls if cls is not Learner else get_method(method))(**blob["settings"])
-            return learner.load_state_dict(blob["state"])
+            learner.load_state_dict(blob["state"])
         except (ValueError, TypeError) as e:
             raise ValueError(f"{path}: {e}") from None
+        # last, so that a file edited into an inconsistent state gets the reason above
+        problem = checksum_problem(blob)
+        if problem is not None:
+            raise ValueError(f"{path}: damaged ciosl learner file: {problem}")
+        return learner
 
     def memory_bytes(self) -> int:
         """Size of the learner's state (model, memory buffers) as it would be serialized."""
         buf = io.BytesIO()
-        torch.save(self.state_dict(), buf)
+        try:
+            torch.save(self.state_dict(), buf)
+        except Exception as e:  # a function or an unpicklable object of the learner's own
+            raise LearnerError(f"{describe_learner(self)}: its state cannot be saved "
+                               f"({_describe(e)}); a state holds numbers, strings, lists, "
+                               "tables and tensors") from None
         return buf.getbuffer().nbytes
 
     # ------------------------------------------------------------------ to implement
@@ -698,6 +857,82 @@ class Learner:
 
     def _load_state(self, state: dict[str, Any]) -> None:
         raise NotImplementedError
+
+
+for _name in GUARDED:
+    setattr(Learner, _name, _no_exit(Learner.__dict__[_name]))
+
+
+CHECKSUM_KEY = "sha256"  # learner files and checkpoints: digest() of everything else
+
+
+def digest(obj: Any) -> str:
+    """sha256 of a nested value of plain containers, numbers, strings and tensors, as loaded
+    (not of the file's bytes: a zip can be rewritten alike). ``Learner.save`` and checkpoints
+    store it and the loaders recompute it, so a flipped bit anywhere in the values is refused
+    instead of changing predictions or results."""
+    h = hashlib.sha256()
+
+    def walk(v: Any) -> None:
+        if isinstance(v, dict):
+            h.update(b"d%d;" % len(v))
+            for k in sorted(v, key=lambda k: (type(k).__name__, repr(k))):
+                walk(k)
+                walk(v[k])
+        elif isinstance(v, list | tuple):
+            h.update(b"l%d;" % len(v) if isinstance(v, list) else b"t%d;" % len(v))
+            for x in v:
+                walk(x)
+        elif isinstance(v, torch.Tensor):
+            t = v.detach().cpu().reshape(-1).contiguous()
+            h.update(f"T{t.dtype}{tuple(v.shape)};".encode())
+            h.update(t.view(torch.uint8).numpy().tobytes())
+        elif isinstance(v, str):
+            b = v.encode("utf-8", "surrogatepass")
+            h.update(b"s%d;" % len(b) + b)
+        else:
+            h.update(f"{type(v).__name__}:{v!r};".encode())
+
+    walk(obj)
+    return h.hexdigest()
+
+
+def with_checksum(blob: dict) -> dict:
+    """``blob`` with its ``digest`` under ``CHECKSUM_KEY``."""
+    return {**blob, CHECKSUM_KEY: digest(blob)}
+
+
+def checksum_problem(blob: dict) -> str | None:
+    """None if ``blob`` matches its stored checksum (or stores none: a file written before
+    checksums), else what is wrong."""
+    if CHECKSUM_KEY not in blob:
+        return None
+    stored = blob[CHECKSUM_KEY]
+    rest = {k: v for k, v in blob.items() if k != CHECKSUM_KEY}
+    if not isinstance(stored, str) or stored != digest(rest):
+        return ("its contents do not match the checksum stored when it was written (the file "
+                "changed since: a damaged disk or copy, or an edit)")
+    return None
+
+
+def serialize(obj: Any, what: str) -> bytes:
+    """``torch.save`` of ``obj`` (plain containers and tensors) as bytes, checked to read back
+    with ``torch.load(weights_only=True)``: a state holding a function, a NumPy array or an
+    object of its own is refused here, with ``LearnerError`` (``what``: who cannot save), rather
+    than written as a file no one can load."""
+    buf = io.BytesIO()
+    try:
+        torch.save(obj, buf)
+        data = buf.getvalue()
+        torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except Exception as e:
+        import re
+
+        found = re.search(r"Unsupported global: GLOBAL (\S+)", str(e))
+        why = f"it holds a {found.group(1)}" if found else _describe(e)
+        raise LearnerError(f"{what}: its state holds something other than numbers, strings, "
+                           f"lists, tables and tensors ({why})") from None
+    return data
 
 
 def _nan_at(obj: Any, where: str) -> str | None:

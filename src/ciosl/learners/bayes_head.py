@@ -23,8 +23,8 @@ sample has two parts:
    softplus scale cannot do this (its gradient is scaled by sigma, so from a small init the
    scales never move; DESIGN.md's second trap).
 
-Why this combination (each a measured design decision; see the README's "CIOSL's Bayesian
-head"):
+Why this combination (each a measured design decision; see docs/findings.md, "The
+posterior"):
 
 - The precision's fixed point is that of the tempered ELBO under the initial prior
   N(0, s^2 / fan_in), with every sample seen counted once: the curvature of the whole stream so

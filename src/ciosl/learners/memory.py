@@ -81,7 +81,13 @@ class ReplayMemory:
 
     def _allocate(self, width: int) -> None:
         cap = self.capacity
-        self.z = torch.zeros(cap, self.dim)  # (C, d)
+        try:
+            self.z = torch.zeros(cap, self.dim)  # (C, d)
+        except (RuntimeError, MemoryError):  # the allocator's message names no setting
+            need = cap * self.dim * 4
+            raise ValueError(f"buffer={cap}: a replay memory of {cap} samples x {self.dim} "
+                             f"features needs {need / 2**30:.1f} GiB, more than can be "
+                             "allocated here; use a smaller buffer (--buffer)") from None
         self.y = torch.zeros(cap, dtype=torch.int64)  # (C,)
         self.logits = torch.zeros(cap, width)  # (C, width)
         self.n_logits = torch.zeros(cap, dtype=torch.int64)  # (C,)

@@ -17,7 +17,8 @@ from ciosl.report.results import (
     method_name,
     settings_text,
 )
-from ciosl.report.tables import Table, build_tables, to_markdown
+from ciosl.report.tables import FINDINGS, Table, build_tables, legend_markdown, to_markdown
+from ciosl.report.text import md_escape, shorten
 
 FORMATS = ("md", "html")
 
@@ -56,13 +57,13 @@ def intro_lines(entries: list[Entry], omega_events: str,
     """What every Omega_all of the report means, and which results could not be used."""
     from ciosl.evaluation.metrics import OMEGA_EVENTS_TEXT
 
-    lines = [f"Omega_all: {OMEGA_EVENTS_TEXT[omega_events]} (`ciosl report --omega-events "
-             f"{'all' if omega_events == 'after_base' else 'after_base'}` for the other "
+    lines = [f"Omega_all: {OMEGA_EVENTS_TEXT[omega_events]} (ciosl report --omega-events "
+             f"{'all' if omega_events == 'after_base' else 'after_base'} for the other "
              "definition)."]
     recomputed = sum(e.recomputed for e in entries)
     if recomputed:
         lines.append(f"{recomputed} of the results were written with the other definition "
-                     "(results without an `omega_all.events` label averaged every event): "
+                     "(results without an omega_all.events label averaged every event): "
                      "their Omega_all is recomputed from their per-event accuracies.")
     legacy = sum(e.legacy for e in entries)
     if legacy:
@@ -94,38 +95,50 @@ def duplicate_line(used: Entry, others: list[Entry], root: Path) -> str:
     if used.regime != "streaming":
         cell += f" ({used.regime})"
     if used.diff:
-        cell += f" [{settings_text(used.diff)}]"
+        cell += f" [{shorten(settings_text(used.diff))}]"
     return (f"{len(others) + 1} results for {cell}: used {_rel(used.path, root)} "
             f"({used.n_runs} runs; the most runs, then the newest), not "
             f"{', '.join(_rel(e.path, root) + f' ({e.n_runs} runs)' for e in others)}.")
 
 
+def findings_link(report_dir: Path) -> str | None:
+    """The path of the project's docs/findings.md relative to ``report_dir``, when the report
+    is written inside a checkout that has one (the legends link their evidence there)."""
+    here = report_dir.resolve()
+    for folder in (here, *here.parents):
+        if (folder / FINDINGS).is_file():
+            return os.path.relpath(folder / FINDINGS, here)
+    return None
+
+
 def render_markdown(title: str, tables: list[Table], figures: list[Figure],
                     entries: list[Entry], root: Path, base: Path,
                     intro: list[str] = ()) -> str:
-    parts = [f"# {title}", "", f"{len(entries)} results from `{root}`.", ""]
+    """The report in Markdown. Every text that comes from a result file (names, paths,
+    reasons) is escaped with ``md_escape``: no markup of a result reaches the page."""
+    findings = findings_link(base)
+    parts = [f"# {md_escape(title)}", "", f"{len(entries)} results from {md_escape(root)}.", ""]
     if intro:
-        parts += [f"{line}  " for line in intro] + [""]
+        parts += [f"{md_escape(line)}  " for line in intro] + [""]
     for table in tables:
-        parts += [f"## {table.title}", "", to_markdown(table), ""]
-        parts += [f"{n}  " for n in table.notes] + [""]
+        parts += [f"## {md_escape(table.title)}", "", to_markdown(table), ""]
+        legend = legend_markdown(table, findings)
+        parts += [f"{md_escape(n)}  " for n in table.notes] + ([f"{legend}  "] if legend else [])
+        parts += [""]
     if figures:
         parts += ["## Figures", ""]
         for f in figures:
             rel = os.path.relpath(f.path, base)
-            parts += [f"![{f.title}]({rel})", "", f"*{f.title}.* {f.caption}", ""]
+            parts += [f"![{md_escape(f.title)}]({rel})", "",
+                      f"*{md_escape(f.title)}.* {md_escape(f.caption)}", ""]
     parts += ["## Results used", "", "| result | method | dataset | ordering | regime | runs | "
               "non-default settings | ciosl | torch |", "|---|---|---|---|---|---:|---|---|---|"]
     for e in entries:
-        try:
-            name = str(e.path.relative_to(root))
-        except ValueError:
-            name = str(e.path)
         v = e.data.get("versions") or {}
-        diff = settings_text(e.non_default) or "(defaults)"
-        parts.append(f"| {name} | {method_name(e.method)} | {e.column.label} | "
-                     f"{e.column.ordering} | {e.regime} | {e.n_runs} | {diff} | "
-                     f"{v.get('ciosl', '?')} | {v.get('torch', '?')} |")
+        cells = [_rel(e.path, root), method_name(e.method), e.column.label, e.column.ordering,
+                 e.regime, str(e.n_runs), settings_text(e.non_default) or "(defaults)",
+                 str(v.get("ciosl", "?")), str(v.get("torch", "?"))]
+        parts.append("| " + " | ".join(md_escape(c) for c in cells) + " |")
     return "\n".join(parts) + "\n"
 
 
@@ -155,6 +168,7 @@ def write_report(results: str | Path, *, fmt: str = "md", out: str | Path | None
     else:  # self-contained: the figures are drawn in a temporary folder and embedded
         with tempfile.TemporaryDirectory(prefix="ciosl-figures-") as tmp:
             figures = make_figures(entries, tables, Path(tmp))
-        text = render_html(title, tables, figures, entries, root, _grids(root), intro)
+        text = render_html(title, tables, figures, entries, root, _grids(root), intro,
+                           findings_link(path.parent))
     atomic_write_bytes(path, text.encode())
     return Report(path, fmt, tables, figures, entries, intro, left_out, duplicates)

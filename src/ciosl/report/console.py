@@ -16,13 +16,17 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from ciosl.report.text import printable
+
 console = Console()
 err_console = Console(stderr=True)
 
 
 def print_error(text: str, prefix: str = "[red]error:[/] ") -> None:
-    """One line on stderr (never wrapped; the text is not read as markup)."""
-    err_console.print(prefix + escape(text), highlight=False, soft_wrap=True)
+    """One line on stderr (never wrapped; the text is not read as markup, and escape sequences
+    or other control characters in it are printed as their escapes, not sent to the terminal)."""
+    safe = "\n".join(printable(line) for line in str(text).split("\n"))
+    err_console.print(prefix + escape(safe), highlight=False, soft_wrap=True)
 
 
 @contextmanager
@@ -35,6 +39,11 @@ def sample_progress(description: str):
         task = bar.add_task(description, total=None)
         yield (lambda total: bar.update(task, total=total),
                lambda n: bar.advance(task, n))
+
+
+def _safe(text) -> str:
+    """A name for rich: printable and not read as markup."""
+    return escape(printable(text))
 
 
 def pct(x: float) -> str:
@@ -81,7 +90,8 @@ def print_result(result: dict) -> None:
     om, fa, n = result["omega_all"], result["final_accuracy"], len(result["runs"])
     extractor = extractor_text(result["extractor"])
     console.print(
-        f"[bold]{result['method']}[/] on {result['dataset']} / {result['ordering']} "
+        f"[bold]{_safe(result['method'])}[/] on {_safe(result['dataset'])} / "
+        f"{_safe(result['ordering'])} "
         f"({n} run{'s' * (n > 1)}, {extractor} features, d={result['feature_dim']}):"
     )
     console.print(f"  Omega_all      = {pm(om['mean'], om['std'], n)} (over the "
@@ -95,7 +105,7 @@ def print_result(result: dict) -> None:
                   f"peak state {result['peak_memory_bytes'] / 2**20:.2f} MiB, "
                   f"{result['predict_seconds']:.1f} s per run at testing events")
     if "path" in result:
-        console.print(f"  written to {result['path']}")
+        console.print(f"  written to {_safe(result['path'])}")
 
 
 def print_datasets(rows) -> None:
@@ -233,14 +243,15 @@ def print_sweep_summary(summary) -> None:
 
 def print_report(report) -> None:
     for path, reason in report.left_out:  # on stderr, one line each, before the tables
-        print_error(f"skipped {path}: {reason}", prefix="[yellow]warning:[/] ")
+        print_error(printable(f"skipped {path}: {reason}"), prefix="[yellow]warning:[/] ")
     for line in report.duplicates:
-        print_error(line, prefix="[yellow]note:[/] ")
-    main = report.markdown("main")
+        print_error(printable(line), prefix="[yellow]note:[/] ")
+    main = report.markdown("main")  # escaped: no control character of a name reaches here
     if main is not None:
         console.print(main, highlight=False, markup=False, soft_wrap=True)
     def n(count: int, what: str) -> str:
         return f"{count} {what}{'' if count == 1 else 's'}"
 
     console.print(f"{n(len(report.entries), 'result')}, {n(len(report.tables), 'table')}, "
-                  f"{n(len(report.figures), 'figure')}: written to {report.path}", highlight=False)
+                  f"{n(len(report.figures), 'figure')}: written to {printable(report.path)}",
+                  highlight=False, markup=False)

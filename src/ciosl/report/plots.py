@@ -1,11 +1,12 @@
 """PNG figures: accuracy along the stream, accuracy matrices, Omega_all vs. a setting, regimes.
 
 Figures are drawn on ``matplotlib.figure.Figure`` objects and saved with the Agg renderer,
-without pyplot: no global backend switch, no window, nothing left open."""
+without pyplot: no global backend switch, no window, nothing left open. Every name from a result
+file goes through ``mpl_escape`` (no mathtext, bounded length) and every file name through
+``file_slug`` (bounded length)."""
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from matplotlib.ticker import NullFormatter, ScalarFormatter
 
 from ciosl.report.results import REGIME_ORDER, Column, Entry, method_key, pick
 from ciosl.report.tables import Table
+from ciosl.report.text import file_slug, mpl_escape
 
 DPI = 110
 
@@ -26,10 +28,11 @@ class Figure:
     title: str
     caption: str
     png: bytes = b""  # the image itself (the HTML report embeds it; its folder may be gone)
+    table: str = ""  # the key of the table it draws (``Table.key``), for links between them
 
 
 def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-")
+    return file_slug(text, 60)
 
 
 def _save(fig, path: Path) -> Path:
@@ -85,7 +88,7 @@ def accuracy_figures(entries: list[Entry], folder: Path) -> list[Figure]:
             ours = row[0] == "ciosl"  # the paper's method stands out
             color = "crimson" if ours else colors[k]
             ax.plot(pos, mean, style, marker="o" if ours else MARKERS[k % len(MARKERS)], ms=4,
-                    color=color, label=e.label, lw=2.5 if ours else 1.4,
+                    color=color, label=mpl_escape(e.label), lw=2.5 if ours else 1.4,
                     zorder=3 if ours else 2)
             ax.fill_between(pos, mean - std, mean + std, color=color, alpha=band, lw=0)
         ref = pick([pick(v) for v in by_col[column].values()])
@@ -95,14 +98,15 @@ def accuracy_figures(entries: list[Entry], folder: Path) -> list[Figure]:
         ax.set_xlabel("stream position (samples learned)")
         ax.set_ylabel("test accuracy")
         ax.set_ylim(0, 1.02)
-        ax.set_title(column.title)
+        ax.set_title(mpl_escape(column.title, 80))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5), handlelength=3.5)
         path = _save(fig, folder / f"accuracy_{_slug(column.ordering)}_{_slug(column.label)}.png")
         figures.append(Figure(path, f"Accuracy along the stream: {column.title}",
                               "Mean test accuracy (± std over runs) at each testing event, on the "
                               "classes seen so far (class orderings) or all classes; dashed: "
-                              "methods that violate single pass; dotted: the offline learner."))
+                              "methods that violate single pass; dotted: the offline learner.",
+                              table="main"))
     return figures
 
 
@@ -128,21 +132,23 @@ def matrix_figures(entries: list[Entry], folder: Path) -> list[Figure]:
                           for r in e.data["accuracy_matrix"]], dtype=float)  # (T, J)
             image = ax.imshow(R, vmin=0, vmax=1, cmap="viridis", aspect="auto",
                               interpolation="nearest")
-            ax.set_title(e.label, fontsize=8, color="crimson" if row[0] == "ciosl" else "black")
+            ax.set_title(mpl_escape(e.label, 30), fontsize=8,
+                         color="crimson" if row[0] == "ciosl" else "black")
             ax.set_xlabel("class step" if column.ordering.startswith("class") else "class",
                           fontsize=7)
             ax.set_ylabel("testing event", fontsize=7)
             ax.tick_params(labelsize=6)
         for k in range(len(methods), nrows * ncols):
             axes[k // ncols][k % ncols].set_axis_off()
+        fig.subplots_adjust(hspace=0.55, wspace=0.4)  # a panel's title clear of the x label above
         fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.8, label="test accuracy")
-        fig.suptitle(column.title, fontsize=10)
+        fig.suptitle(mpl_escape(column.title, 80), fontsize=10)
         path = _save(fig, folder / f"matrix_{_slug(column.ordering)}_{_slug(column.label)}.png")
         figures.append(Figure(path, f"Accuracy matrix: {column.title}",
                               "Accuracy at each testing event (rows, base init first) on each "
                               "class step's test samples (class orderings; blank: not reached "
                               "yet) or on each class (iid and instance orderings), mean over "
-                              "runs."))
+                              "runs.", table=f"classes:{column.title}"))
     return figures
 
 
@@ -158,22 +164,22 @@ def setting_figure(table: Table, folder: Path) -> Figure | None:
     for label, pts in numeric:
         x = [v for v, _ in pts]
         ax.errorbar(x, [e.mean for _, e in pts], yerr=[e.std for _, e in pts], marker="o",
-                    ms=4, capsize=3, label=label)
+                    ms=4, capsize=3, label=mpl_escape(label, 80))
     values = sorted({v for _, pts in numeric for v, _ in pts})
     if values[0] > 0 and (s == "buffer" or values[-1] / values[0] >= 20):
         ax.set_xscale("log")
         ax.xaxis.set_major_formatter(ScalarFormatter())
         ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_xticks(values, [f"{v:g}" for v in values])
-    ax.set_xlabel(s)
+    ax.set_xlabel(mpl_escape(s))
     ax.set_ylabel("Omega_all")
-    ax.set_title(f"Omega_all vs. {s}")
+    ax.set_title(mpl_escape(f"Omega_all vs. {s}"))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     path = _save(fig, folder / f"omega_vs_{_slug(s)}.png")
     return Figure(path, f"Omega_all vs. {s}",
                   f"Omega_all (mean ± std over runs) as a function of {s}, other settings at "
-                  "their defaults.")
+                  "their defaults.", table=table.key)
 
 
 def regime_figure(table: Table, folder: Path) -> Figure | None:
@@ -197,17 +203,18 @@ def regime_figure(table: Table, folder: Path) -> Figure | None:
                     xs.append(i + (k - (len(regimes) - 1) / 2) * width)
                     ys.append(e.mean)
                     es.append(e.std)
-            ax.bar(xs, ys, width, yerr=es, capsize=2, label=regime)
-        ax.set_xticks(range(len(methods)), [label for label, _ in methods], rotation=45,
-                      ha="right", fontsize=8)
-        ax.set_title(column, fontsize=9)
+            ax.bar(xs, ys, width, yerr=es, capsize=2, label=mpl_escape(regime))
+        ax.set_xticks(range(len(methods)), [mpl_escape(label, 30) for label, _ in methods],
+                      rotation=45, ha="right", fontsize=8)
+        ax.set_title(mpl_escape(column, 80), fontsize=9)
         ax.set_ylabel("Omega_all")
         ax.set_ylim(0, 1.1)
         ax.grid(axis="y", alpha=0.3)
     axes[0][-1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     path = _save(fig, folder / "regimes.png")
     return Figure(path, "Batch, online and streaming versions",
-                  "Omega_all (mean ± std over runs) of each method trained in each regime.")
+                  "Omega_all (mean ± std over runs) of each method trained in each regime.",
+                  table=table.key)
 
 
 def make_figures(entries: list[Entry], tables: list[Table], folder: Path) -> list[Figure]:

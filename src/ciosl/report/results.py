@@ -19,8 +19,12 @@ was written (``Learner.added_settings``, e.g. CIOSL's ``fisher_decay``) ran at t
 method had before the setting existed, not at today's default.
 
 Settings whose value is not the paper's (``Learner.paper_values``, e.g. ``max_grad_norm=1``) are
-part of the method's label, as grid-fixed ones are (``unpaper``), so no table row passes a
-departure from the paper off as the paper's method.
+an entry's ``departures``: the tables mark each cell that ran one with a letter and list the
+letters once under the table (``tables.departure_marks``), so no cell passes a departure from
+the paper off as the paper's method and every method keeps one row.
+
+Every result is checked before it is used (``result_problem``: types, ranges, lengths, order);
+a file that fails is left out with the file and the field named.
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from ciosl.data.orderings import ORDERINGS
+from ciosl.fileio import MAX_JSON_BYTES, read_text
+from ciosl.report.text import printable, shorten
 
 # the paper's row order (Table 2), then the baselines it left out; unknown methods go before
 # ciosl, the offline upper bound last
@@ -52,7 +58,8 @@ REGIME_ORDER = ("batch", "online", "streaming")
 
 
 def method_name(method: str) -> str:
-    return METHOD_NAMES.get(method, method)
+    """The paper's name of a method; another name as given, cut to ``LABEL_MAX``."""
+    return METHOD_NAMES.get(method) or shorten(method)
 
 
 def method_key(method: str) -> tuple[float, str]:
@@ -107,10 +114,15 @@ class Entry:
 
     @property
     def label(self) -> str:
-        """The method's name with the grid-fixed settings and the defaults that are not the
-        paper's, e.g. ``Fine-Tune (lr=0.001)``, ``Fine-Tune (max_grad_norm=1.0)``."""
-        shown = {**self.fixed, **self.unpaper}
-        return self.name + (f" ({settings_text(shown)})" if shown else "")
+        """The method's name with the settings its sweep grid fixes, e.g. ``Fine-Tune
+        (lr=0.001)``, at most ``LABEL_MAX`` characters (the departures from the paper are
+        ``departures``, marked in the cells)."""
+        return shorten(self.name + (f" ({settings_text(self.fixed)})" if self.fixed else ""))
+
+    @property
+    def departures(self) -> dict[str, Any]:
+        """The defaults this result ran with that are not the paper's (``unpaper``)."""
+        return self.unpaper
 
     @property
     def non_default(self) -> dict[str, Any]:
@@ -251,9 +263,9 @@ def make_entry(data: dict, path: Path, omega_events: str = "after_base") -> Entr
         diff = {k: v for k, v in diff.items() if k not in fixed}
     limit = data.get("limit_per_class") or 0
     extractor = data.get("extractor") or ""
-    label = dataset + (f" ≤{limit}/class" if limit else "")
+    label = shorten(dataset, 40) + (f" ≤{limit}/class" if limit else "")
     if extractor and extractor != "none" and extractor != _default_extractor(dataset):
-        label += f" ({extractor})"
+        label += f" ({shorten(extractor, 30)})"
     column = Column(
         ORDERINGS.index(ordering) if ordering in ORDERINGS else len(ORDERINGS),
         (DATASET_ORDER.index(dataset) if dataset in DATASET_ORDER else len(DATASET_ORDER),
@@ -279,27 +291,197 @@ def _finite(x: Any) -> bool:
     return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
 
 
+def _brief(value: Any) -> str:
+    """A short, printable repr of a bad value for a warning."""
+    return shorten(printable(repr(value)), 40)
+
+
+MAX_DEPTH = 16  # a result nests about 5 levels deep (runs[i].class_counts[t][c][k])
+
+
+def _too_deep(data: Any, limit: int = MAX_DEPTH) -> str | None:
+    """The path of the first value nested more than ``limit`` levels deep, or None (iterative:
+    no recursion on a hostile file)."""
+    stack = [(data, 0, "")]
+    while stack:
+        value, depth, where = stack.pop()
+        if isinstance(value, dict | list):
+            if depth >= limit:
+                return where or "(top level)"
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            for k, v in items:
+                name = shorten(printable(k), 20)
+                stack.append((v, depth + 1, f"{where}[{k}]" if isinstance(value, list)
+                              else f"{where}.{name}" if where else name))
+    return None
+
+
+def _in_range(values: Any, low: float, high: float, *, low_open: bool = False,
+              none_ok: bool = False) -> str | None:
+    """Why ``values`` is not a list of finite numbers in [low, high] ((low, high] with
+    ``low_open``; None items allowed with ``none_ok``), or None."""
+    if not isinstance(values, list):
+        return f"must be a list, got {_brief(values)}"
+    for i, x in enumerate(values):
+        if x is None and none_ok:
+            continue
+        if not _finite(x) or x > high or x < low or (low_open and x == low):
+            interval = f"{'(' if low_open else '['}{low:g}, {high:g}]"
+            return f"[{i}] must be a number in {interval}, got {_brief(x)}"
+    return None
+
+
+def _matrix_problem(matrix: Any) -> str | None:
+    if not isinstance(matrix, list):
+        return f" must be a list of rows, got {_brief(matrix)}"
+    for t, row in enumerate(matrix):
+        problem = _in_range(row, 0.0, 1.0, none_ok=True)
+        if problem is not None:
+            return f"[{t}]{problem if problem.startswith('[') else ' ' + problem}"
+    return None
+
+
+def _summary_problem(data: dict, key: str, low: float, high: float) -> str | None:
+    """``key`` (``{"mean", "std"}``, optional) with its mean in [low, high], std >= 0."""
+    if key not in data or data[key] is None:
+        return None
+    value = data[key]
+    if not isinstance(value, dict):
+        return f"{key} must be an object, got {_brief(value)}"
+    mean = value.get("mean")
+    if not (_finite(mean) and low <= mean <= high):
+        return f"{key}.mean must be a number in [{low:g}, {high:g}], got {_brief(mean)}"
+    std = value.get("std", 0.0)
+    if std is not None and not (_finite(std) and std >= 0):
+        return f"{key}.std must be a finite number >= 0, got {_brief(std)}"
+    return None
+
+
+def _run_problem(run: Any, i: int) -> str | None:
+    """Why run ``i`` of a result cannot be used: accuracies outside [0, 1], offline accuracies
+    that are not > 0, lists whose length is not the number of testing events, events out of
+    order."""
+    if not isinstance(run, dict):
+        return f"runs[{i}] must be an object, got {_brief(run)}"
+    at = f"runs[{i}]"
+    events = run.get("events")
+    if events is not None:
+        if not (isinstance(events, list) and all(
+                isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in events)):
+            return f"{at}.events must be a list of stream positions (integers >= 0)"
+        for t in range(1, len(events)):
+            if events[t] <= events[t - 1]:
+                return (f"{at}.events must be in increasing order, got {events[t - 1]} then "
+                        f"{events[t]} at [{t}]")
+    for key, low_open in (("accuracy", False), ("accuracy_offline", True)):
+        if key in run:
+            problem = _in_range(run[key], 0.0, 1.0, low_open=low_open)
+            if problem is not None:
+                return f"{at}.{key}{problem if problem.startswith('[') else ' ' + problem}"
+    lengths = {k: len(run[k]) for k in ("accuracy", "accuracy_offline", "n_test",
+                                        "accuracy_matrix")
+               if isinstance(run.get(k), list)}
+    if events is not None:
+        for k, n in lengths.items():
+            if n != len(events):
+                return f"{at}.{k} must have one value per testing event ({len(events)}), has {n}"
+    elif len(set(lengths.values())) > 1:
+        return (f"{at}: accuracy and accuracy_offline must have the same length, have "
+                f"{lengths.get('accuracy')} and {lengths.get('accuracy_offline')}")
+    if "accuracy_matrix" in run:
+        problem = _matrix_problem(run["accuracy_matrix"])
+        if problem is not None:
+            return f"{at}.accuracy_matrix{problem}"
+    if "omega_all" in run and not (_finite(run["omega_all"]) and run["omega_all"] >= 0):
+        return f"{at}.omega_all must be a finite number >= 0, got {_brief(run['omega_all'])}"
+    per_class = run.get("final_class_accuracy")
+    if per_class is not None:
+        if not isinstance(per_class, dict):
+            return f"{at}.final_class_accuracy must be an object, got {_brief(per_class)}"
+        for c, a in per_class.items():
+            if not (_finite(a) and 0 <= a <= 1):
+                return (f"{at}.final_class_accuracy[{_brief(c)}] must be a number in [0, 1], "
+                        f"got {_brief(a)}")
+    for key in ("samples_per_second", "learn_seconds", "predict_seconds"):
+        if run.get(key) is not None and not (_finite(run[key]) and run[key] >= 0):
+            return f"{at}.{key} must be a finite number >= 0, got {_brief(run[key])}"
+    return None
+
+
 def result_problem(data: dict) -> str | None:
-    """Why a result JSON cannot be used (None: it can): wrong types, no runs, non-finite
-    numbers."""
+    """Why a result JSON cannot be used (None: it can), naming the field: nesting, types,
+    known orderings and Omega_all definitions, ranges (accuracies in [0, 1], offline
+    accuracies > 0), lengths (one value per testing event) and order (events increasing)."""
+    deep = _too_deep(data)
+    if deep is not None:
+        return f"{deep} is nested more than {MAX_DEPTH} levels deep"
     for k in ("method", "dataset", "ordering"):
         if not isinstance(data.get(k), str):
-            return f"{k} must be a string, got {data.get(k)!r}"
+            return f"{k} must be a string, got {_brief(data.get(k))}"
+        if not data[k].strip():
+            return f"{k} must not be empty, got {_brief(data[k])}"
+    if data["ordering"] not in ORDERINGS:
+        return f"ordering must be one of {', '.join(ORDERINGS)}, got {_brief(data['ordering'])}"
     om = data["omega_all"]
     if not isinstance(om, dict) or not _finite(om.get("mean")):
-        return f"omega_all.mean must be a finite number, got {om!r}"
+        return f"omega_all.mean must be a finite number, got {_brief(om)}"
+    if om["mean"] < 0:
+        return f"omega_all.mean must be >= 0, got {_brief(om['mean'])}"
     if "std" in om and not (_finite(om["std"]) and om["std"] >= 0):
-        return f"omega_all.std must be a finite number >= 0, got {om['std']!r}"
+        return f"omega_all.std must be a finite number >= 0, got {_brief(om['std'])}"
+    from ciosl.evaluation.metrics import OMEGA_EVENTS
+
+    if "events" in om and om["events"] not in OMEGA_EVENTS:
+        return (f"omega_all.events must be one of {', '.join(OMEGA_EVENTS)}, got "
+                f"{_brief(om['events'])}")
     runs = data.get("runs")
     if not isinstance(runs, list) or not runs:
-        return f"runs must be a non-empty list, got {runs!r}"
+        return f"runs must be a non-empty list, got {_brief(runs)}"
     for i, run in enumerate(runs):
-        if not isinstance(run, dict):
-            return f"runs[{i}] must be an object, got {run!r}"
-        for k in ("accuracy", "accuracy_offline"):
-            if k in run and not (isinstance(run[k], list) and all(map(_finite, run[k]))):
-                return f"runs[{i}].{k} must be a list of finite numbers"
+        problem = _run_problem(run, i)
+        if problem is not None:
+            return problem
+    for key, low, high in (("final_accuracy", 0.0, 1.0), ("forgetting", -1.0, 1.0),
+                           ("backward_transfer", -1.0, 1.0)):
+        problem = _summary_problem(data, key, low, high)
+        if problem is not None:
+            return problem
+    if data.get("accuracy_matrix") is not None:
+        problem = _matrix_problem(data["accuracy_matrix"])
+        if problem is not None:
+            return f"accuracy_matrix{problem}"
+    for key, kind in (("settings", dict), ("sweep", dict), ("versions", dict),
+                      ("extractor", str), ("regime", dict | str)):
+        if data.get(key) is not None and not isinstance(data[key], kind):
+            return f"{key} has the wrong type, got {_brief(data[key])}"
+    for key in ("limit_per_class", "peak_memory_bytes"):
+        value = data.get(key)
+        if value is not None and not (isinstance(value, int) and not isinstance(value, bool)
+                                      and value >= 0):
+            return f"{key} must be an integer >= 0, got {_brief(value)}"
+    if "violates_single_pass" in data and not isinstance(data["violates_single_pass"], bool):
+        return f"violates_single_pass must be true or false, got " \
+               f"{_brief(data['violates_single_pass'])}"
     return None
+
+
+def _read_json(path: Path) -> tuple[Any, str | None]:
+    """(the JSON in ``path``, None), or (None, why it cannot be read): a folder, a FIFO or a
+    device is refused without being opened for reading, a file is read up to a cap."""
+    try:
+        if path.is_dir():
+            return None, "unreadable (Is a directory)"
+        text = read_text(path, "result JSON", MAX_JSON_BYTES)
+    except OSError as e:
+        return None, f"unreadable ({e.strerror or type(e).__name__})"
+    except ValueError as e:  # not a regular file, too large, not UTF-8
+        return None, f"unreadable ({str(e).replace(f'result JSON {path}: ', '')})"
+    try:
+        return json.loads(text), None
+    except RecursionError:
+        return None, "not valid JSON (nested too deeply)"
+    except ValueError as e:
+        return None, f"not valid JSON ({e})"
 
 
 def load_entries(folder: str | Path, *, omega_events: str = "after_base",
@@ -317,13 +499,9 @@ def load_entries(folder: str | Path, *, omega_events: str = "after_base",
     entries = []
     skipped: list[tuple[Path, str]] = left_out if left_out is not None else []
     for path in sorted(folder.rglob("*.json")):
-        try:
-            data = json.loads(path.read_text())
-        except OSError as e:
-            skipped.append((path, f"unreadable ({e.strerror or type(e).__name__})"))
-            continue
-        except ValueError as e:
-            skipped.append((path, f"not valid JSON ({e})"))
+        data, unreadable = _read_json(path)
+        if unreadable is not None:
+            skipped.append((path, unreadable))
             continue
         if not looks_like_result(data):
             continue
@@ -333,9 +511,11 @@ def load_entries(folder: str | Path, *, omega_events: str = "after_base",
             continue
         try:
             entries.append(make_entry(data, path, omega_events))
-        except (ValueError, TypeError, KeyError, AttributeError, ZeroDivisionError) as e:
-            skipped.append((path, str(e) if isinstance(e, ValueError)
-                            else f"malformed result ({type(e).__name__}: {e})"))
+        except (ValueError, TypeError, KeyError, AttributeError, ZeroDivisionError,
+                RecursionError) as e:
+            skipped.append((path, shorten(printable(
+                str(e) if isinstance(e, ValueError)
+                else f"malformed result ({type(e).__name__}: {e})"), 200)))
     return entries
 
 

@@ -4,13 +4,17 @@
   over runs, the best single-pass streaming method of each column in bold, methods that violate
   single pass marked with a dagger, and the offline learner's mean accuracy (Offline-hat).
 - ``final_table``: the same layout with the test accuracy after the whole stream (the offline
-  learner's last, too); ``continual_table``: average forgetting and backward transfer;
-  ``cost_table``: samples learned per second and learner state size.
+  learner's last, too); ``cost_table``: samples learned per second and learner state size;
+  ``continual_tables``: average forgetting, then backward transfer, in the same layout.
 - ``sampling_table``: memory replacement x sample selection (the paper's Table 4).
 - ``setting_tables``: one table per setting varied alone (lambda2, buffer, ...): Omega_all as a
   function of that setting (lambda2 also crossed with selection/replacement, as in the paper).
 - ``regime_table``: batch / online / streaming versions of each method.
 - ``other_table``: every remaining result, so none is silently left out.
+
+One row per method: a cell whose result ran a default that is not the paper's (``Entry.
+departures``) carries a letter, and the table's legend lists each set of departures once
+(``departure_legend``), the same letters in every table of a report.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from ciosl.report.results import (
     offline_mean,
     pick,
 )
+from ciosl.report.text import md_escape, shorten, superscript
 
 DAGGER = "†"
 MISSING = "–"
@@ -49,6 +54,14 @@ class Table:
     notes: list[str] = field(default_factory=list)
     setting: str | None = None  # for kind == "setting"
     series: list[tuple[str, list[tuple[Any, Entry]]]] = field(default_factory=list)  # plots
+    # departure letters of a cell ((row, value column); value column -1: the row label)
+    marks: dict[tuple[int, int], str] = field(default_factory=dict)
+    legend: list[tuple[str, str]] = field(default_factory=list)  # (letter, departures) in use
+    evidence: list[str] = field(default_factory=list)  # settings of the legend, for its links
+    key: str = ""  # what its figures refer to (``Figure.table``): the kind, or kind:detail
+
+    def __post_init__(self) -> None:
+        self.key = self.key or (f"setting:{self.setting}" if self.setting else self.kind)
 
     def header(self) -> list[str]:
         return self.stub + [f"{g} · {lab}" if g else lab for g, lab in self.columns]
@@ -105,58 +118,111 @@ def _main_cells(entries: list[Entry]):
     return chosen, columns, rows, grid
 
 
-def _method_rows(table: Table, rows, grid) -> None:
+def _method_rows(table: Table, rows, grid, legend: Legend | None = None,
+                 label_marks: bool = False) -> None:
+    """A row per (method, label) with its dagger; with ``legend``, each cell's departure
+    letters in ``table.marks`` (``label_marks``: on the row label, for a one-result row)."""
     for (_, label), row in zip(rows, grid, strict=True):
         violates = any(e is not None and e.violates for e in row)
+        i = len(table.rows)
         table.rows.append([label + (f" {DAGGER}" if violates else "")])
+        if legend is None:
+            continue
+        for j, e in ([(-1, row)] if label_marks else [(j, [e]) for j, e in enumerate(row)]):
+            mark = legend.mark(e)
+            if mark:
+                table.marks[(i, j)] = mark
 
 
-UNPAPER_WHY = {
-    "lambda1": "CIOSL's KL weight, lambda1 T / N per sample: at the paper's 1 the KL's "
-               "gradient is ~1/400 of the likelihood's; 30 measured above 1 on all seven "
-               "development streams (README, CIOSL's Bayesian head)",
-    "lambda2": "CIOSL's distillation weight; the paper's 0.3 measured below 0.1 on the "
-               "development streams' class orderings (README, CIOSL's Bayesian head)",
-    "distill_when": "class_growth: CIOSL distils only once the stream has brought a class its "
-                    "base init did not have; the paper distils from the first step, which "
-                    "measured below no distillation on iid and instance streams",
-    "max_grad_norm": "each SGD step's gradient clipped to that norm, which keeps one-sample "
-                     "steps at the paper's lr 0.01 from diverging; the paper's plain SGD is "
-                     "max_grad_norm=inf",
-    "selection": "CIOSL's replay selection on the instance ordering is uniform: the paper's "
-                 "UAPN measured below it on the development stream (README, CIOSL's Bayesian "
-                 "head); UAPN on the class orderings and uniform on iid are the paper's",
-    "prior_scale": "CIOSL's initial prior N(0, s^2 / fan_in) on the iid and instance "
-                   "orderings is s = 0.3 (the paper gives no scale; the constructor's 1 stays "
-                   "on the class orderings): 0.3 measured above 1 on all four development "
-                   "iid / instance streams and below it on all four class streams (README, "
-                   "CIOSL's Bayesian head)",
-    "temperature": "the Bayesian head's posterior temperature T, a cold posterior whose "
-                   "likelihood counts 1/T times; the paper's ELBO is T=1, which measures "
-                   "below a point estimate here (README, CIOSL's Bayesian head)",
+Departures = tuple[tuple[str, str], ...]  # sorted (setting, value text) pairs
+
+# where docs/findings.md gives the evidence for each departure from the paper (its section)
+EVIDENCE = {
+    "max_grad_norm": ("gradient clipping", "gradient-clipping-of-the-mlp-heads"),
+    "lambda1": ("the KL's weight", "the-kls-weight"),
+    "lambda2": ("distillation", "distillation"),
+    "distill_when": ("distillation", "distillation"),
+    "selection": ("selection", "selection-and-replacement"),
+    "prior_scale": ("the prior's scale", "the-priors-scale"),
+    "temperature": ("the temperature", "the-temperature"),
 }
 
 
+def departures_of(e: Entry) -> Departures:
+    return tuple(sorted((k, _value_text(_hashable(v))) for k, v in e.departures.items()))
+
+
+@dataclass
+class Legend:
+    """A letter per distinct set of departures from the paper, in the order of ``sets``."""
+
+    sets: list[Departures]
+
+    def letter(self, d: Departures) -> str:
+        from ciosl.report.text import mark_letter
+
+        return mark_letter(self.sets.index(d)) if d in self.sets else ""
+
+    def mark(self, entries: list[Entry | None]) -> str:
+        """The letters of the entries' departures (several when a cell pools results)."""
+        letters = {self.letter(departures_of(e)) for e in entries if e is not None}
+        return ",".join(sorted(x for x in letters if x))
+
+    def lines(self, marks: set[str]) -> list[tuple[str, str]]:
+        """(letter, what it stands for) for the letters in ``marks``: a set that holds an
+        earlier one is written as that letter plus the rest, so each departure is spelled out
+        once."""
+        used = {x for m in marks for x in m.split(",") if x}
+        out = []
+        for d in self.sets:
+            letter = self.letter(d)
+            if letter not in used:
+                continue
+            bases = [b for b in self.sets[:self.sets.index(d)]
+                     if set(b) < set(d) and self.letter(b) in used]
+            base = max(bases, key=len) if bases else ()
+            rest = ", ".join(f"{k}={v}" for k, v in d if (k, v) not in base)
+            out.append((letter, f"{self.letter(base)} + {rest}" if base else rest))
+        return out
+
+
+def departure_legend(entries: list[Entry]) -> Legend:
+    """Letters for every set of departures among ``entries``: smaller sets first, then in
+    table order (so a set that holds another comes after it)."""
+    first: dict[Departures, tuple] = {}
+    for e in sorted(entries, key=lambda e: (method_key(e.method), e.column)):
+        d = departures_of(e)
+        if d:
+            first.setdefault(d, (len(d), len(first)))
+    return Legend(sorted(first, key=first.__getitem__))
+
+
+def _finish_marks(table: Table, legend: Legend) -> None:
+    """The table's legend and evidence from the letters its cells carry (none on an empty
+    cell)."""
+    stub = len(table.stub)
+    table.marks = {(i, j): m for (i, j), m in table.marks.items()
+                   if any(c != MISSING for c in (table.rows[i][stub:] if j < 0
+                                                 else [table.rows[i][stub + j]]))}
+    table.legend = legend.lines(set(table.marks.values()))
+    shown = {x for _, text in table.legend for x in text.replace(",", " ").split()}
+    table.evidence = [k for k in EVIDENCE if any(x.startswith(k + "=") for x in shown)]
+
+
 def _fixed_note(chosen: list[Entry]) -> list[str]:
-    notes = []
     if any(e.fixed for e in chosen):
-        notes.append("(name=value): a setting the sweep grid fixes for that method (its "
-                     "[settings.METHOD] table), in place of the method's default.")
-    unpaper = sorted({k for e in chosen for k in e.unpaper})
-    if unpaper:
-        why = "; ".join(f"{k}: {UNPAPER_WHY[k]}" for k in unpaper if k in UNPAPER_WHY)
-        notes.append(f"({', '.join(unpaper)}=...): a default of this implementation that is "
-                     "not the paper's" + (f" ({why})" if why else "") + ".")
-    return notes
+        return ["(name=value): a setting the sweep grid fixes for that method "
+                "([settings.METHOD]), in place of its default."]
+    return []
 
 
-def main_table(entries: list[Entry]) -> Table | None:
+def main_table(entries: list[Entry], legend: Legend) -> Table | None:
     chosen, columns, rows, grid = _main_cells(entries)
     if not chosen:
         return None
     table = Table("main", "Omega_all (Table 2)", ["Method"],
                   [(c.ordering.replace("_", "-"), c.label) for c in columns])
-    _method_rows(table, rows, grid)
+    _method_rows(table, rows, grid, legend)
     for cells, row in zip(table.rows, grid, strict=True):
         cells += [fmt(e) for e in row]
     _bold_best(table, grid, _streaming_single_pass)
@@ -168,14 +234,13 @@ def main_table(entries: list[Entry]) -> Table | None:
     table.rows.append(["Offline accuracy (Offline-hat)"] + hat)
     table.notes = [
         _runs_note(chosen),
-        "Bold: the best single-pass streaming method of the column.",
-        f"{DAGGER} retrains or fine-tunes before inference, which violates the single-pass "
-        "constraint of streaming learning; never bold.",
-        "Offline-hat: the offline learner's accuracy averaged over runs and the testing "
-        f"events Omega_all averages (Omega_all divides by it event by event). {MISSING}: not "
-        "run.",
+        f"Bold: the best single-pass streaming method of the column. {DAGGER}: retrains or "
+        "fine-tunes before inference (violates single-pass streaming; never bold).",
+        "Offline-hat: the offline learner's accuracy, averaged over the runs and the events "
+        f"Omega_all averages. {MISSING}: not run.",
         *_fixed_note(chosen),
     ]
+    _finish_marks(table, legend)
     return table
 
 
@@ -186,7 +251,7 @@ def _final(e: Entry | None) -> tuple[float, float] | None:
     return 100 * float(final["mean"]), 100 * float(final.get("std", 0.0))
 
 
-def final_table(entries: list[Entry]) -> Table | None:
+def final_table(entries: list[Entry], legend: Legend) -> Table | None:
     """Test accuracy (%) at the last testing event, with the offline learner's, same layout."""
     chosen, columns, rows, grid = _main_cells(entries)
     values = [[_final(e) for e in row] for row in grid]
@@ -194,7 +259,7 @@ def final_table(entries: list[Entry]) -> Table | None:
         return None
     table = Table("final", "Final accuracy (%)", ["Method"],
                   [(c.ordering.replace("_", "-"), c.label) for c in columns])
-    _method_rows(table, rows, grid)
+    _method_rows(table, rows, grid, legend)
     for cells, row, grid_row in zip(table.rows, values, grid, strict=True):
         cells += [MISSING if v is None else mean_pm(*v, e.n_runs, 2)
                   for v, e in zip(row, grid_row, strict=True)]
@@ -211,6 +276,7 @@ def final_table(entries: list[Entry]) -> Table | None:
                    "the offline learner trained on every sample at the same event. "
                    "Bold: the best single-pass streaming method of the column.",
                    *_fixed_note(chosen)]
+    _finish_marks(table, legend)
     return table
 
 
@@ -221,30 +287,40 @@ def _summary(e: Entry | None, key: str) -> tuple[float, float] | None:
     return float(value["mean"]), float(value.get("std") or 0.0)
 
 
-def continual_table(entries: list[Entry]) -> Table | None:
-    """Average forgetting and backward transfer per method and column (results written before
-    ciosl recorded them show –)."""
+CONTINUAL = {  # kind: (result key, title, what it is)
+    "forgetting": ("forgetting", "Average forgetting",
+                   "forgetting: the mean of (best accuracy before the last event − last "
+                   "accuracy) (Chaudhry et al. 2018); lower is better"),
+    "bwt": ("backward_transfer", "Backward transfer (BWT)",
+            "BWT: the mean of (last accuracy − accuracy when first tested) (Lopez-Paz & "
+            "Ranzato 2017); higher is better"),
+}
+
+
+def continual_tables(entries: list[Entry], legend: Legend) -> list[Table]:
+    """Average forgetting, then backward transfer, per method and column, each in Table 2's
+    layout (results written before ciosl recorded them show –)."""
     chosen, columns, rows, grid = _main_cells(entries)
     if not chosen:
-        return None
-    table = Table("continual", "Forgetting and backward transfer", ["Method"],
-                  [(f"{c.ordering.replace('_', '-')} · {c.label}", what) for c in columns
-                   for what in ("forgetting", "BWT")])
-    _method_rows(table, rows, grid)
-    for cells, row in zip(table.rows, grid, strict=True):
-        for e in row:
-            for key in ("forgetting", "backward_transfer"):
+        return []
+    tables = []
+    for kind, (key, title, what) in CONTINUAL.items():
+        table = Table(kind, title, ["Method"],
+                      [(c.ordering.replace("_", "-"), c.label) for c in columns])
+        _method_rows(table, rows, grid, legend)
+        for cells, row in zip(table.rows, grid, strict=True):
+            for e in row:
                 v = _summary(e, key)
                 cells.append(MISSING if v is None else mean_pm(*v, e.n_runs))
-    table.notes = [
-        "Over the class steps learned before the last testing event (class orderings), or "
-        "every class (iid and instance orderings), from the accuracy matrix: forgetting is "
-        "the mean of (best accuracy before the last event − last accuracy) (Chaudhry et al. "
-        "2018), BWT the mean of (last accuracy − accuracy when first tested) (Lopez-Paz & "
-        "Ranzato 2017); mean ± std over runs. Lower forgetting, higher BWT is better.",
-        f"{MISSING}: not run, or a result written before ciosl recorded per-class accuracies.",
-        *_fixed_note(chosen)]
-    return table
+        table.notes = [
+            f"Over the class steps learned before the last testing event (class orderings), "
+            f"or every class (iid and instance orderings), from the accuracy matrix; {what}; "
+            "mean ± std over runs.",
+            f"{MISSING}: not run, or a result written before ciosl recorded per-class "
+            "accuracies.", *_fixed_note(chosen)]
+        _finish_marks(table, legend)
+        tables.append(table)
+    return tables
 
 
 def _class_accuracy(e: Entry | None) -> dict[str, float] | None:
@@ -256,7 +332,7 @@ def _class_accuracy(e: Entry | None) -> dict[str, float] | None:
     return {c: sum(p.get(c, 0.0) for p in per) / len(per) for c in per[0]}
 
 
-def class_tables(entries: list[Entry]) -> list[Table]:
+def class_tables(entries: list[Entry], legend: Legend) -> list[Table]:
     """Per (ordering, dataset) column: each method's accuracy (%) on each class at the end."""
     chosen, columns, rows, grid = _main_cells(entries)
     tables = []
@@ -267,20 +343,22 @@ def class_tables(entries: list[Entry]) -> list[Table]:
         if not labels:
             continue
         table = Table("classes", f"Accuracy per class at the end (%): {column.title}",
-                      ["Method"], [("class", c) for c in labels])
+                      ["Method"], [("class", c) for c in labels], key=f"classes:{column.title}")
         kept = [(r, g, v) for r, g, v in zip(rows, grid, values, strict=True)
                 if g[j] is not None]
-        _method_rows(table, [r for r, _, _ in kept], [[g[j]] for _, g, _ in kept])
+        _method_rows(table, [r for r, _, _ in kept], [[g[j]] for _, g, _ in kept], legend,
+                     label_marks=True)
         for cells, (_, _, v) in zip(table.rows, kept, strict=True):
             cells += [MISSING if v is None or c not in v else f"{100 * v[c]:.1f}"
                       for c in labels]
         table.notes = ["Test accuracy on each class's samples at the last testing event, mean "
                        f"over runs. {MISSING}: a result written before ciosl recorded it."]
+        _finish_marks(table, legend)
         tables.append(table)
     return tables
 
 
-def cost_table(entries: list[Entry]) -> Table | None:
+def cost_table(entries: list[Entry], legend: Legend) -> Table | None:
     """Per method and dataset: stream samples learned per second (median over the dataset's
     orderings and runs) and the largest serialised learner state (MiB) at a testing event."""
     chosen, columns, rows, grid = _main_cells(entries)
@@ -290,7 +368,7 @@ def cost_table(entries: list[Entry]) -> Table | None:
     table = Table("cost", "Speed and memory", ["Method"],
                   [(lab, what) for *_, lab in datasets for what in ("samples/s", "state MiB")])
     _method_rows(table, rows, grid)
-    for cells, row in zip(table.rows, grid, strict=True):
+    for i, (cells, row) in enumerate(zip(table.rows, grid, strict=True)):
         for *rank, lab in datasets:
             mine = [e for e, c in zip(row, columns, strict=True)
                     if e is not None and c.label == lab and c.dataset_rank == tuple(rank)]
@@ -299,6 +377,11 @@ def cost_table(entries: list[Entry]) -> Table | None:
             state = [int(e.data.get("peak_memory_bytes") or 0) for e in mine]
             cells.append(f"{speed[len(speed) // 2]:,.0f}" if speed else MISSING)
             cells.append(f"{max(state) / 2 ** 20:.2f}" if state and max(state) else MISSING)
+            mark = legend.mark(mine)
+            if mark:
+                j = len(cells) - 1 - len(table.stub)  # the state column; speed before it
+                table.marks[(i, j - 1)] = table.marks[(i, j)] = mark
+    _finish_marks(table, legend)
     table.notes = ["samples/s: stream samples learned per second, median over the dataset's "
                    "orderings and runs (learning only, evaluation excluded; one core per run, on "
                    "a machine that may be shared: compare rows of one report, not reports). "
@@ -408,7 +491,7 @@ def _series_label(method: str, extra: tuple, several: bool) -> str:
     return " / ".join(parts) if parts else method_name(method)
 
 
-def regime_table(entries: list[Entry]) -> Table | None:
+def regime_table(entries: list[Entry], legend: Legend) -> Table | None:
     """Batch / online / streaming versions of each method (columns with a non-streaming run)."""
     pool = [e for e in entries if not e.diff]
     regimes_of: dict[Column, set[str]] = defaultdict(set)
@@ -432,10 +515,13 @@ def regime_table(entries: list[Entry]) -> Table | None:
                for c, r in slots]
         grid.append(row)
         violates = any(e is not None and e.method_violates for e in row)
+        table.marks.update({(len(table.rows), j): legend.mark([e])
+                            for j, e in enumerate(row) if legend.mark([e])})
         table.rows.append([label + (f" {DAGGER}" if violates else "")]
                           + [fmt(e) for e in row])
         table.series.append((label, [((c.title, r), e) for (c, r), e
                                      in zip(slots, row, strict=True) if e is not None]))
+    _finish_marks(table, legend)
     _bold_best(table, grid, lambda e: not e.method_violates and e.method != "offline")
     table.notes = [_runs_note([e for row in grid for e in row if e is not None]),
                    "batch: several epochs over each task's data in mini-batches; online: one "
@@ -461,32 +547,63 @@ def other_table(entries: list[Entry], used: set[int]) -> Table | None:
                   [(c.ordering.replace("_", "-"), c.label) for c in columns])
     for k in keys:
         row = [pick(cells[(*k, c)]) if (*k, c) in cells else None for c in columns]
-        table.rows.append([method_name(k[1]), k[2]] + [fmt(e) for e in row])
+        table.rows.append([shorten(method_name(k[1])), shorten(k[2])] + [fmt(e) for e in row])
     table.notes = [_runs_note(rest), "Settings: the values that differ from the defaults."]
     return table
 
 
 def build_tables(entries: list[Entry]) -> list[Table]:
     used: set[int] = set()
-    tables = [main_table(entries), final_table(entries), cost_table(entries),
-              continual_table(entries), *class_tables(entries),
-              sampling_table(entries, used),
-              *setting_tables(entries, used), regime_table(entries),
+    legend = departure_legend([e for e in entries if not e.diff])  # the same in every table
+    tables = [main_table(entries, legend), final_table(entries, legend),
+              cost_table(entries, legend), *continual_tables(entries, legend),
+              *class_tables(entries, legend), sampling_table(entries, used),
+              *setting_tables(entries, used), regime_table(entries, legend),
               other_table(entries, used)]
     return [t for t in tables if t is not None]
 
 
 def to_markdown(table: Table) -> str:
-    def esc(text: str) -> str:
-        return text.replace("|", "\\|")
-
+    """The table in Markdown: every cell escaped (names come from result files), bold and
+    departure letters added after."""
     header = table.header()
-    lines = [f"| {' | '.join(esc(h) for h in header)} |",
+    lines = [f"| {' | '.join(md_escape(h) for h in header)} |",
              "|" + "|".join([":---"] * len(table.stub) + ["---:"] * len(table.columns)) + "|"]
+    stub = len(table.stub)
     for i, row in enumerate(table.rows):
-        cells = [esc(c) for c in row]
+        cells = [md_escape(c) for c in row]
         for j in range(len(table.columns)):
             if (i, j) in table.bold:
-                cells[len(table.stub) + j] = f"**{cells[len(table.stub) + j]}**"
+                cells[stub + j] = f"**{cells[stub + j]}**"
+        for (r, j), mark in table.marks.items():
+            if r == i:
+                cells[0 if j < 0 else stub + j] += superscript(mark)
         lines.append(f"| {' | '.join(cells)} |")
     return "\n".join(lines)
+
+
+FINDINGS = "docs/findings.md"
+
+
+def legend_parts(table: Table) -> tuple[str, list[tuple[str, str]]]:
+    """The legend's text (each letter and the departures it stands for) and the evidence:
+    (section title, anchor in docs/findings.md) per setting it names."""
+    if not table.legend:
+        return "", []
+    text = "; ".join(f"{letter}: {what}" for letter, what in table.legend)
+    sections = list(dict.fromkeys(EVIDENCE[k] for k in table.evidence))
+    return f"Not the paper's setting: {text}.", sections
+
+
+def legend_markdown(table: Table, findings: str | None) -> str:
+    """The legend as one Markdown line; its evidence linked when ``findings`` (the relative
+    path of docs/findings.md) is known, named otherwise."""
+    text, sections = legend_parts(table)
+    if not text:
+        return ""
+    if findings is None:
+        where = ", ".join(title for title, _ in sections)
+        return f"{md_escape(text)} Evidence: {FINDINGS}" + (f" ({where})." if where else ".")
+    links = ", ".join(f"[{title}]({findings}#{anchor})" for title, anchor in sections)
+    return f"{md_escape(text)} Evidence: [{FINDINGS}]({findings})" + (
+        f" ({links})." if links else ".")
