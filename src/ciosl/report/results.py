@@ -43,15 +43,17 @@ from ciosl.report.text import printable, shorten
 # the paper's row order (Table 2), then the baselines it left out; unknown methods go before
 # ciosl, the offline upper bound last
 METHOD_ORDER = ("finetune", "ewc", "mas", "vcl", "vcl_coreset", "coreset_only", "gdumb", "agem",
-                "tinyer", "exstream", "remind", "slda", "ncm", "ciosl", "offline")
+                "tinyer", "exstream", "remind", "slda", "ncm", "rp_lda", "ciosl", "offline")
 METHOD_NAMES = {
     "finetune": "Fine-Tune", "ewc": "EWC", "mas": "MAS", "vcl": "VCL",
     "vcl_coreset": "VCL w/ coreset", "coreset_only": "Coreset only", "gdumb": "GDumb",
     "agem": "A-GEM", "tinyer": "TinyER", "exstream": "ExStream", "remind": "REMIND",
-    "slda": "Deep SLDA", "ncm": "NCM", "ciosl": "CIOSL (ours)", "offline": "Offline",
+    "slda": "Deep SLDA", "ncm": "NCM", "rp_lda": "RP-LDA", "ciosl": "CIOSL (ours)",
+    "offline": "Offline",
 }
 DATASET_ORDER = ("cifar10", "cifar100", "imagenet100", "icubworld1", "digits", "fashion-mnist",
-                 "digits-video", "digits-video-28", "fashion-mnist-video")
+                 "digits-video", "digits-video-28", "fashion-mnist-video", "digits-instances",
+                 "fashion-mnist-instances")
 ORDERING_NAMES = {"iid": "iid", "class_iid": "class-iid", "instance": "instance",
                   "class_instance": "class-instance"}
 REGIME_ORDER = ("batch", "online", "streaming")
