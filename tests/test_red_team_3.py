@@ -17,6 +17,7 @@ from __future__ import annotations
 import errno
 import io
 import os
+import re
 import zipfile
 from pathlib import Path
 
@@ -691,3 +692,32 @@ def test_a_fifo_given_as_a_learner_file_or_checkpoint_is_refused_at_once(what, t
     load = Learner.load if what == "learner" else (lambda p: load_checkpoint(p, "x"))
     with pytest.raises(ValueError, match=r"pipe: not a regular file \(a FIFO"):
         load(fifo)  # returns at once: nothing opens the pipe
+
+
+@pytest.mark.parametrize(("method", "setting", "value", "fragment"), [
+    ("tinyer", "base_epochs", 10**9, "tinyer: setting 'base_epochs' must be <= 1000, got "
+                                     "base_epochs=1000000000"),
+    ("gdumb", "retrain_epochs", 5000, "setting 'retrain_epochs' must be <= 1000"),
+    ("ciosl", "mc_samples", 10**8, "ciosl: setting 'mc_samples' must be <= 1000000"),
+    ("rp_lda", "proj_dim", 10**9, "setting 'proj_dim' must be <= 1000000"),
+    ("exstream", "n_replay", 10**7, "exstream: setting 'n_replay' must be <= 1000000"),
+])
+def test_integer_settings_have_an_upper_bound(method, setting, value, fragment, tmp_path,
+                                              capsys):
+    from ciosl.learners import make_learner
+
+    with pytest.raises(ValueError, match=re.escape(fragment)):
+        make_learner(method, **{setting: value})
+    make_learner(method, **{setting: 1000 if setting.endswith("epochs") else 7})  # in range
+    argv = ["run", "--dataset", "digits", "--ordering", "iid", "--method", method, "--runs", "1",
+            "--set", f"{setting}={value}", "--out", str(tmp_path / "out")]
+    line = one_line_error(*cli(capsys, argv))
+    assert fragment in line, line
+
+
+def test_a_seed_beyond_what_the_generators_take_is_refused():
+    from ciosl.learners import make_learner
+
+    with pytest.raises(ValueError, match=r"ncm: setting 'seed' must be <= 4294967295"):
+        make_learner("ncm", seed=2**40)
+    assert make_learner("ncm", seed=2**32 - 1).seed == 2**32 - 1

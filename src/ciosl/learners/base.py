@@ -258,6 +258,23 @@ def allows_inf(setting: Setting) -> bool:
     return "inf:" in setting.help or "inf " in setting.help
 
 
+MAX_EPOCHS = 1000  # an *_epochs setting (base_epochs, retrain_epochs, ...), as --epochs
+MAX_SEED = 2**32 - 1  # what every generator here accepts
+MAX_INT_SETTING = 10**6  # any other integer setting: buffer, n_replay, mc_samples, proj_dim, ...
+
+
+def check_bound(setting: Setting, value: Any, prefix: str = "") -> None:
+    """Refuse an integer setting so large that the run would never end or never allocate
+    (``base_epochs=10**9``, ``mc_samples=10**8``): each kind has a sane upper bound."""
+    if setting.type is not int or isinstance(value, bool) or not isinstance(value, int):
+        return
+    name = setting.name
+    bound = (MAX_EPOCHS if name.endswith("epochs") else MAX_SEED if name == "seed"
+             else MAX_INT_SETTING)
+    if value > bound:
+        raise ValueError(f"{prefix}setting {name!r} must be <= {bound}, got {name}={value}")
+
+
 def check_finite(setting: Setting, value: Any, prefix: str = "") -> None:
     """Refuse NaN for every number setting, and infinity unless the setting documents it."""
     if isinstance(value, bool) or not isinstance(value, int | float | np.number):
@@ -425,6 +442,7 @@ class Learner:
             v = getattr(self, s.name)
             check_type(s, v, f"{self.name}: ")
             check_finite(s, v, f"{self.name}: ")
+            check_bound(s, v, f"{self.name}: ")
             if s.choices is not None and v not in s.choices:
                 raise ValueError(
                     f"{self.name}: {s.name}={v!r} is not valid; valid choices: "
