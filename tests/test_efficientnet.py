@@ -195,3 +195,11 @@ def test_linear_probe_beats_pixels_and_random_weights(model):
     random = probe(embed(shuffled))
     assert pretrained > pixels + 0.01, (pretrained, pixels)
     assert pretrained > random + 0.2, (pretrained, random)
+
+
+def test_a_fifo_given_as_weights_is_refused_without_blocking(tmp_path):
+    fifo = tmp_path / "weights.pth"
+    os.mkfifo(fifo)
+    with pytest.raises(ValueError, match=r"EfficientNet-Lite0 weights file .*weights.pth: not a "
+                                         r"regular file \(a FIFO"):
+        E.load_efficientnet_lite0(fifo)  # returns at once: nothing opens the pipe

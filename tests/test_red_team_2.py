@@ -26,6 +26,7 @@ from ciosl.cli import main
 from ciosl.evaluation import experiment
 from ciosl.evaluation.experiment import ExperimentSpec, experiment_path, result_path, variant_slug
 from ciosl.learners import get_method
+from test_red_team import cli, one_line_error  # the first pass's helpers
 
 QUICK = ["--dataset", "digits", "--ordering", "class_iid", "--limit-per-class", "12",
          "--offline-epochs", "2", "--quiet"]
@@ -37,17 +38,6 @@ def run_args(tmp: Path, *extra: str, method: str = "ncm", out: str = "out") -> l
             "--out", str(tmp / out), *extra]
 
 
-def cli(capsys, argv: list[str]) -> tuple[int, str]:
-    rc = main(argv)
-    return rc, capsys.readouterr().err
-
-
-def one_line_error(rc: int, err: str) -> str:
-    assert rc == 2, err
-    assert "Traceback" not in err
-    lines = [line for line in err.strip().splitlines() if line.strip()]
-    assert len(lines) == 1, err
-    return lines[0]
 
 
 def grid_file(tmp: Path, body: str, name: str = "grid.toml") -> str:

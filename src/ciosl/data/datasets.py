@@ -77,6 +77,8 @@ IMAGENET100 = (
 
 _IID, _ALL = ("iid", "class_iid"), ("iid", "class_iid", "instance", "class_instance")
 _WHERE = "$CIOSL_DATA (default ~/.cache/ciosl/data)"
+_FROM_FASHION = ("generated from fashion-mnist: make fashion-mnist available (apt-get install "
+                 f"dataset-fashion-mnist, or the 4 IDX files in {_WHERE}/fashion-mnist)")
 
 
 # DatasetSpec(name, description, base_fraction, classes_per_step, buffer, orderings,
@@ -139,8 +141,7 @@ DATASETS: dict[str, DatasetSpec] = {s.name: s for s in (
         "fashion-mnist-video", "object streams from Fashion-MNIST: 10 classes x 3 instances "
         "x 200/67 frames of smooth rotation/scale/shift/brightness (28x28)",
         0.10, 2, 180, _ALL, "pixels", 30, 16,
-        "generated from fashion-mnist: make fashion-mnist available (apt-get install "
-        f"dataset-fashion-mnist, or the 4 IDX files in {_WHERE}/fashion-mnist)",
+        _FROM_FASHION,
         base_epochs=30, base_batch_size=16),
     # real images as object instances (data/instances.py): k-means clusters of each class, a
     # nearest-neighbour walk through each cluster's core, the dataset's own test split; the
@@ -154,8 +155,7 @@ DATASETS: dict[str, DatasetSpec] = {s.name: s for s in (
         "fashion-mnist-instances", "object-instance streams of real Fashion-MNIST images: 10 "
         "classes x 3 k-means instances x 200 frames in nearest-neighbour order; the 10k test split",
         0.10, 2, 180, _ALL, "efficientnet_lite0", 30, 16,
-        "generated from fashion-mnist: make fashion-mnist available (apt-get install "
-        f"dataset-fashion-mnist, or the 4 IDX files in {_WHERE}/fashion-mnist)",
+        _FROM_FASHION,
         base_epochs=30, base_batch_size=16),
 )}
 

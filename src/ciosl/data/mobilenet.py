@@ -122,28 +122,40 @@ def _download_state_dict(progress: bool) -> dict[str, torch.Tensor]:
 
 def load_mobilenet_v2(weights: str | Path | None = None, *, progress: bool = True) -> MobileNetV2:
     """The frozen ImageNet MobileNetV2 in eval mode, from ``weights`` (a local file) or the URL."""
-    if weights is None:
-        state = _download_state_dict(progress)
-    else:
-        try:
-            state = torch.load(Path(weights), map_location="cpu", weights_only=True)
-        except FileNotFoundError:
-            raise
-        except Exception as e:  # torch.load raises many kinds on a damaged or foreign file
-            raise WeightsError(f"Could not read MobileNetV2 weights from {weights}: {e}") from e
-    model = MobileNetV2()
+    state = (_download_state_dict(progress) if weights is None
+             else read_state_dict(weights, "MobileNetV2"))
+    return frozen(MobileNetV2(), state, weights or WEIGHTS_URL, "a torchvision mobilenet_v2",
+                  " Pass the file mobilenet_v2-b0353104.pth from torchvision (or its state_dict) "
+                  "with --weights.")
+
+
+def read_state_dict(path: str | Path, network: str) -> object:
+    """``torch.load(path, weights_only=True)`` of a weights file, refusing a FIFO or a device
+    (which would block) and naming ``network`` and the file when it cannot be read."""
+    from ciosl.fileio import check_regular
+
+    path = check_regular(path, f"{network} weights file")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # torch.load raises many kinds on a damaged or foreign file
+        raise WeightsError(f"Could not read {network} weights from {path}: {e}") from e
+
+
+def frozen(model: nn.Module, state: object, source: str | Path, kind: str,
+           hint: str = "") -> nn.Module:
+    """``model`` with ``state`` loaded (it must fit the architecture key for key and shape for
+    shape, else a ``WeightsError`` naming ``source``), frozen, in eval mode."""
     expected = model.state_dict()
     if not isinstance(state, dict):
-        raise WeightsError(f"{weights}: expected a state_dict, got {type(state).__name__}.")
+        raise WeightsError(f"{source}: expected a state_dict, got {type(state).__name__}.")
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
     bad = [k for k in expected if k in state and tuple(state[k].shape) != tuple(expected[k].shape)]
     if missing or unexpected or bad:
         raise WeightsError(
-            f"{weights or WEIGHTS_URL} is not a torchvision mobilenet_v2 state_dict: "
-            f"{len(missing)} missing keys {missing[:3]}, {len(unexpected)} unexpected keys "
-            f"{unexpected[:3]}, {len(bad)} shape mismatches {bad[:3]}. Pass the file "
-            "mobilenet_v2-b0353104.pth from torchvision (or its state_dict) with --weights."
+            f"{source} is not {kind} state_dict: {len(missing)} missing keys {missing[:3]}, "
+            f"{len(unexpected)} unexpected keys {unexpected[:3]}, {len(bad)} shape mismatches "
+            f"{bad[:3]}.{hint}"
         )
     model.load_state_dict(state, strict=True)
     model.requires_grad_(False)
