@@ -408,3 +408,34 @@ def test_per_event_metrics_do_not_loop_over_classes():
     assert time.perf_counter() - started < 1.5
     assert counts[0]["5"] == [int((pred[y == 5] == 5).sum()), 2]
     assert R[0][5] == counts[0]["5"][0] / 2
+
+
+def test_a_run_without_a_terminal_reports_progress_in_plain_lines(tmp_path, capsys, monkeypatch):
+    """Output to a file or a pipe (no live bar): a long run still says it is alive, in plain
+    lines naming the run, the samples done of the total, and the time spent."""
+    from ciosl.report import console
+
+    monkeypatch.setattr(console, "PLAIN_PROGRESS_SECONDS", 0.0)  # a line at every chunk
+    rc, err = cli(capsys, run_args(tmp_path))
+    assert rc == 0, err
+    lines = [line for line in err.splitlines() if "samples" in line]
+    assert lines, err
+    total = int(lines[-1].split(" / ")[1].split()[0].replace(",", ""))
+    assert lines[-1].startswith(f"ncm digits/class_iid: {total:,} / {total:,} samples (100%), ")
+    assert lines[-1].endswith(" elapsed")
+    assert "\x1b" not in err  # no terminal codes in a file
+
+
+def test_plain_progress_lines_are_throttled(monkeypatch, capsys):
+    """At most one line per PLAIN_PROGRESS_SECONDS, with the share done and the clock."""
+    from ciosl.report import console
+
+    now = [1000.0]
+    monkeypatch.setattr(console.time, "monotonic", lambda: now[0])
+    with console.sample_progress("m d/o") as (on_start, on_progress):
+        on_start(400)
+        for _ in range(4):  # 10 s apart: only the one 30 s after the start prints
+            now[0] += 10.0
+            on_progress(100)
+    err = capsys.readouterr().err
+    assert err.splitlines() == ["m d/o: 300 / 400 samples (75%), 0m30s elapsed"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from contextlib import contextmanager
 
 from rich.console import Console
@@ -29,16 +30,56 @@ def print_error(text: str, prefix: str = "[red]error:[/] ") -> None:
     err_console.print(prefix + escape(safe), highlight=False, soft_wrap=True)
 
 
+# without a terminal (a log file, a pipe, CI) progress is a plain line at most this often
+PLAIN_PROGRESS_SECONDS = 30.0
+
+
 @contextmanager
 def sample_progress(description: str):
-    """A progress bar over streamed samples; yields (on_start, on_progress) callbacks."""
+    """Progress over streamed samples; yields (on_start, on_progress) callbacks. On a terminal,
+    a live bar; otherwise (output to a file or a pipe) one plain line on stderr at most every
+    ``PLAIN_PROGRESS_SECONDS``, so that a long run shows it is alive wherever its output goes."""
+    if not err_console.is_terminal:
+        yield _plain_progress(description)
+        return
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("samples"), TimeElapsedColumn(), TimeRemainingColumn(),
-                  console=err_console, transient=False,
-                  disable=not err_console.is_terminal) as bar:
+                  console=err_console, transient=False) as bar:
         task = bar.add_task(description, total=None)
         yield (lambda total: bar.update(task, total=total),
                lambda n: bar.advance(task, n))
+
+
+def _plain_progress(description: str):
+    """(on_start, on_progress) that print ``description: done / total samples (p%), elapsed``
+    when ``PLAIN_PROGRESS_SECONDS`` have passed since the last line (the first after that long
+    from the start), ``total`` being what ``on_start`` announced."""
+    state = {"done": 0, "total": None, "start": time.monotonic()}
+    state["last"] = state["start"]
+
+    def on_start(total) -> None:
+        state.update(done=0, total=total)
+
+    def on_progress(n: int) -> None:
+        state["done"] += n
+        now = time.monotonic()
+        if now - state["last"] < PLAIN_PROGRESS_SECONDS:
+            return
+        state["last"] = now
+        total, done = state["total"], state["done"]
+        share = f" ({100 * done / total:.0f}%)" if total else ""
+        of = f" / {total:,}" if total else ""
+        err_console.print(f"{_safe(description)}: {done:,}{of} samples{share}, "
+                          f"{_clock(now - state['start'])} elapsed", highlight=False,
+                          soft_wrap=True)
+
+    return on_start, on_progress
+
+
+def _clock(seconds: float) -> str:
+    m, s = divmod(int(seconds), 60)
+    h, m = divmod(m, 60)
+    return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s"
 
 
 def _safe(text) -> str:
