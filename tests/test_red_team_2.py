@@ -439,3 +439,39 @@ def test_plain_progress_lines_are_throttled(monkeypatch, capsys):
             on_progress(100)
     err = capsys.readouterr().err
     assert err.splitlines() == ["m d/o: 300 / 400 samples (75%), 0m30s elapsed"]
+
+
+def test_another_data_folder_is_another_experiment(tmp_path, capsys):
+    """``--data`` elsewhere with other contents: the result file is refused, naming the
+    difference (the features' key covers the data's fingerprint), and --force replaces it."""
+    import gzip
+
+    from test_datasets import idx_bytes
+
+    def write(folder: Path, seed: int) -> None:  # learnable: each class its own brightness
+        rng = np.random.default_rng(seed)
+        folder.mkdir()
+        for split, count in (("train", 200), ("t10k", 100)):
+            y = np.arange(count) % 10
+            x = np.clip(y[:, None, None] * 25 + rng.integers(0, 20, (count, 28, 28)), 0, 255)
+            for stem, arr in ((f"{split}-images-idx3-ubyte", x), (f"{split}-labels-idx1-ubyte", y)):
+                (folder / (stem + ".gz")).write_bytes(gzip.compress(idx_bytes(arr)))
+
+    def argv(folder: str, *extra: str) -> list[str]:
+        return ["run", "--dataset", "fashion-mnist", "--data", str(tmp_path / folder),
+                "--ordering", "iid", "--method", "ncm", "--extractor", "pixels",
+                "--offline-epochs", "1", "--cache", str(tmp_path / "cache"),
+                "--out", str(tmp_path / "out"), "--quiet", *extra]
+
+    for folder, seed in (("a", 0), ("b", 1)):
+        write(tmp_path / folder, seed)
+    rc, err = cli(capsys, argv("a"))
+    assert rc == 0, err
+    (result,) = (tmp_path / "out").glob("*.json")
+    before = result.read_bytes()
+    line = one_line_error(*cli(capsys, argv("b")))
+    assert f"{result} holds another experiment (features_key: " in line and "--force" in line
+    assert result.read_bytes() == before
+    rc, err = cli(capsys, argv("b", "--force"))
+    assert rc == 0, err
+    assert json.loads(result.read_text())["features_key"] != json.loads(before)["features_key"]
