@@ -475,3 +475,40 @@ def test_another_data_folder_is_another_experiment(tmp_path, capsys):
     rc, err = cli(capsys, argv("b", "--force"))
     assert rc == 0, err
     assert json.loads(result.read_text())["features_key"] != json.loads(before)["features_key"]
+
+
+@pytest.mark.parametrize(("argv", "fragment"), [
+    (["run", "--method", "ncm", "--ordering", "sideways"],
+     "error: ciosl run: argument --ordering: invalid choice: 'sideways'"),
+    (["run", "--method", "ncm", "--runs", "3", "--seeds", "1,2"],
+     "error: ciosl run: argument --seeds: not allowed with argument --runs"),
+    (["bogus"], "error: ciosl: argument command: invalid choice: 'bogus'"),
+    (["run"], "error: ciosl run: the following arguments are required: --method"),
+    (["report"], "error: ciosl report: the following arguments are required"),
+    (["run", "--method", "ncm", "--seeds", "x"], "--seeds expects integers like 0,1,2, got 'x'"),
+], ids=["choice", "exclusive", "command", "required", "report", "type"])
+def test_a_usage_error_is_one_line_naming_the_flag(argv, fragment, capsys):
+    """argparse's usage errors too: one line (not the usage over several), naming the command
+    and the flag, and where the help is."""
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    assert stop.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and fragment in lines[0] and "--help`)" in lines[0], lines
+
+
+@pytest.mark.parametrize(("where", "kind"), [("fifo", "a FIFO (named pipe)"),
+                                             ("folder", "a folder")])
+def test_a_features_path_or_results_folder_of_the_wrong_kind_is_named(where, kind, tmp_path,
+                                                                       capsys):
+    """features:PATH that is a FIFO or a folder, a results folder that is a FIFO or a file:
+    one line saying what it is instead (never "no such file", never a blocking read)."""
+    path = tmp_path / "x.npz"
+    os.mkfifo(path) if where == "fifo" else path.mkdir()
+    line = one_line_error(*cli(capsys, run_args(tmp_path, "--dataset", f"features:{path}")))
+    assert f"features:{path}: {path} is not a regular file ({kind})" in line
+    target = tmp_path / "results"
+    os.mkfifo(target) if where == "fifo" else target.write_text("{}")
+    line = one_line_error(*cli(capsys, ["report", str(target)]))
+    expected = "a FIFO (named pipe)" if where == "fifo" else "a file"
+    assert f"results folder {target}: not a folder ({expected})" in line

@@ -39,6 +39,14 @@ class HelpFormatter(argparse.HelpFormatter):
         return text
 
 
+class Parser(argparse.ArgumentParser):
+    """A usage error is one line, naming the command and the flag or value (argparse's own
+    message), and where the usage is (not the usage itself, over several lines)."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {self.prog}: {message} (see `{self.prog} --help`)\n")
+
+
 def _cache_and_data_options(parser: argparse.ArgumentParser) -> None:
     """--cache and --data, shared by the commands that load a dataset."""
     parser.add_argument("--cache", default=None, help="cache folder (default $CIOSL_CACHE or "
@@ -48,7 +56,7 @@ def _cache_and_data_options(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="ciosl", description="Class-incremental online streaming "
+    p = Parser(prog="ciosl", description="Class-incremental online streaming "
                                 "learning: learners, benchmark protocol, reports.",
                                 formatter_class=HelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)

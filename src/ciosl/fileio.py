@@ -74,8 +74,8 @@ MAX_TEXT_BYTES = 16 * 2**20  # a grid (TOML) or another small text file
 MAX_BINARY_BYTES = 64 * 2**30  # checkpoints, learner files, feature files
 
 
-def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+def kind_of(mode: int) -> str:
+    for test, name in ((stat.S_ISREG, "a file"), (stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
                        (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
                        (stat.S_ISSOCK, "a socket")):
         if test(mode):
@@ -84,7 +84,7 @@ def _kind(mode: int) -> str:
 
 
 def not_regular(path: str | Path, what: str, mode: int) -> ValueError:
-    return ValueError(f"{what} {path}: not a regular file ({_kind(mode)})")
+    return ValueError(f"{what} {path}: not a regular file ({kind_of(mode)})")
 
 
 def check_regular(path: str | Path, what: str = "file",

@@ -13,6 +13,7 @@ import gzip
 import hashlib
 import os
 import re
+import stat
 import zlib
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -26,6 +27,7 @@ from ciosl.data.instances import make_instance_dataset
 from ciosl.data.safe_pickle import BadPickleError, safe_load
 from ciosl.data.types import ArrayImages, DatasetSpec, RawDataset
 from ciosl.data.video import make_video_dataset
+from ciosl.fileio import kind_of
 from ciosl.learners.base import bad_feature
 
 FEATURES_PREFIX = "features:"
@@ -166,12 +168,22 @@ def data_root() -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "ciosl" / "data"
 
 
+def _check_feature_file(name: str, path: Path) -> None:
+    """A ``features:PATH`` that is missing, or is a folder, a FIFO or a device: one line
+    saying which (never a read that blocks)."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        raise FileNotFoundError(f"{name}: no such feature file {path}") from None
+    if not stat.S_ISREG(mode):
+        raise ValueError(f"{name}: {path} is not a regular file ({kind_of(mode)})")
+
+
 def get_spec(name: str) -> DatasetSpec:
     """The protocol of a registered dataset or of a ``features:PATH`` file."""
     if name.startswith(FEATURES_PREFIX):
         path = Path(name[len(FEATURES_PREFIX):]).expanduser()
-        if not path.is_file():
-          raise FileNotFoundError(f"{name}: no such feature file {path}")
+        _check_feature_file(name, path)
         names = {m.filename for m in check_zip(path, "features .npz", verify=False)}
         temporal = {"train_instance.npy", "train_frame.npy"} <= names
         return DatasetSpec(name, f"precomputed features from {path}", 0.10, 2, 1000,
@@ -497,8 +509,7 @@ def load_features(path: str | Path) -> RawDataset:
     class_names]. Labels are remapped to 0..K-1 (sorted) when they are not already."""
     path = Path(path).expanduser()
     name = f"{FEATURES_PREFIX}{path}"
-    if not path.is_file():
-        raise FileNotFoundError(f"{name}: no such feature file")
+    _check_feature_file(name, path)
 
     def bad(msg: str) -> ValueError:
         return ValueError(f"{path}: {msg}")

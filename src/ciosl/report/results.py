@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from ciosl.data.orderings import ORDERINGS
-from ciosl.fileio import MAX_JSON_BYTES, read_text
+from ciosl.fileio import MAX_JSON_BYTES, kind_of, read_text
 from ciosl.report.text import printable, shorten
 
 # the paper's row order (Table 2), then the baselines it left out; unknown methods go before
@@ -497,6 +497,8 @@ def load_entries(folder: str | Path, *, omega_events: str = "after_base",
     check_omega_events(omega_events)
     folder = Path(folder)
     if not folder.is_dir():
+        if folder.exists():
+            raise ValueError(f"results folder {folder}: not a folder ({kind_of(folder.stat().st_mode)})")
         raise FileNotFoundError(f"no such results folder: {folder}")
     entries = []
     skipped: list[tuple[Path, str]] = left_out if left_out is not None else []
