@@ -174,6 +174,19 @@ def test_a_file_that_cannot_be_read_is_skipped_without_a_crash_or_a_hang(
     assert lines == [f"warning: skipped {folder}/x.json: {fragment}"], lines
 
 
+def test_a_folder_of_only_unreadable_results_says_why_in_its_one_line(good, tmp_path, capsys):
+    """No result could be read: the error names the first file skipped and the reason."""
+    folder = tmp_path / "results"
+    _write(folder, "a.json", {**good, "runs": 3})
+    os.mkfifo(folder / "b.json")
+    rc, out, err = _report(folder, capsys)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert rc == 2 and len(lines) == 1, lines
+    assert lines[0].startswith(f"error: no result JSONs (from `ciosl run` or `ciosl sweep`) "
+                               f"under {folder}; skipped a.json: malformed result: "), lines
+    assert lines[0].endswith(" (and 1 more)"), lines
+
+
 LONG = "m" * 20_000
 
 # (kind, result fields, text that must not appear raw in any output, text that shows the

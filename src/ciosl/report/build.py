@@ -156,8 +156,13 @@ def write_report(results: str | Path, *, fmt: str = "md", out: str | Path | None
                                                  left_out=left_out))
     duplicates = [duplicate_line(used, others, root) for used, others in dups]
     if not entries:
+        why = ""
+        if left_out:  # say why the results there were not read
+            first_path, reason = left_out[0]
+            more = f" (and {len(left_out) - 1} more)" if len(left_out) > 1 else ""
+            why = f"; skipped {_rel(first_path, root)}: {reason}{more}"
         raise FileNotFoundError(f"no result JSONs (from `ciosl run` or `ciosl sweep`) under "
-                                f"{root}")
+                                f"{root}{why}")
     path = Path(out) if out is not None else root / f"report.{fmt}"
     title = title or f"ciosl report: {root.resolve().name}"
     tables = build_tables(entries)
