@@ -16,7 +16,8 @@ warm-up, so every timed step replays N1' items and distils N2'), this measures i
 
 and prints both, then ``step/arithmetic ratio: X`` for the 1280-d case as the last line.
 Run: ``python benchmarks/step_time.py`` (``--breakdown``: the median time of each phase of
-the step; ``--profile``: a torch profile). One thread by default (``--threads``): per-sample
+the step; ``--profile``: a torch profile; ``--ceiling``: the share of the passes over the
+parameters, what fusing them could save at most). One thread by default (``--threads``): per-sample
 work is too small to gain from a second one.
 """
 
@@ -109,6 +110,59 @@ def step_time(d: int, mode: str = "time") -> float:
     return median_time(one, N_STEPS, WARMUP)
 
 
+def parameter_pass_ceiling(d: int = 1280, blocks: int = 40, block: int = 25) -> None:
+    """What fusing the passes over the parameters could save at most: the median ``learn_one``
+    with them (the posterior variances, the KL gradient, clipping, the SGD update) against the
+    same step with all of them skipped (a broken step, for timing only), in alternating blocks
+    of one process, so that the machine's drift cancels."""
+    import math
+
+    from ciosl.learners import bayes_head, bnn
+
+    skip = [False]
+    orig = (bnn.BayesMLP.precision, bnn.BayesMLP.add_kl_grad, bayes_head.FlatSGD.step,
+            bayes_head.clip_grad_norm_)
+
+    def precision(self, out=None):
+        return out if skip[0] and out is not None else orig[0](self, out)
+
+    def add_kl_grad(self, grad, scale, max_curvature=math.inf):
+        return None if skip[0] else orig[1](self, grad, scale, max_curvature)
+
+    def sgd_step(self, params):
+        if not skip[0]:
+            return orig[2](self, params)
+        params[0].grad = None
+
+    def clip(grads, max_norm):
+        return 0.0 if skip[0] else orig[3](grads, max_norm)
+
+    bnn.BayesMLP.precision, bnn.BayesMLP.add_kl_grad = precision, add_kl_grad
+    bayes_head.FlatSGD.step, bayes_head.clip_grad_norm_ = sgd_step, clip
+    try:
+        learner = make_learner("ciosl", seed=0)
+        learner.fit_base(*data(d, N_BASE, 0, N_BASE_CLASSES))
+        Z, y = data(d, WARMUP + blocks * block * 2, 1)
+        y[:N_CLASSES - N_BASE_CLASSES] = np.arange(N_BASE_CLASSES, N_CLASSES)
+        it = iter(zip(Z, y.tolist(), strict=True))
+        for _ in range(WARMUP):
+            learner.learn_one(*next(it))
+        times: dict[bool, list[float]] = {False: [], True: []}
+        for _ in range(blocks):
+            for flag in (False, True):
+                skip[0] = flag
+                for _ in range(block):
+                    t = time.perf_counter()
+                    learner.learn_one(*next(it))
+                    times[flag].append(time.perf_counter() - t)
+    finally:
+        bnn.BayesMLP.precision, bnn.BayesMLP.add_kl_grad = orig[:2]
+        bayes_head.FlatSGD.step, bayes_head.clip_grad_norm_ = orig[2:]
+    full, without = (statistics.median(times[f]) for f in (False, True))
+    print(f"d={d}: learn_one median {full * 1e3:.3f} ms, without the parameter passes "
+          f"{without * 1e3:.3f} ms: their share {1 - without / full:.1%}")
+
+
 def arithmetic_time(d: int, n_replay: int = 16, n_distill: int = 16, k: int = 5) -> float:
     gen = torch.Generator().manual_seed(0)
     sizes = [d, *HIDDEN, N_CLASSES]
@@ -146,8 +200,13 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--profile", action="store_true", help="torch profile of the step")
     parser.add_argument("--breakdown", action="store_true", help="median time per phase")
+    parser.add_argument("--ceiling", action="store_true", help="share of the step spent in "
+                        "passes over the parameters (what fusing them could save at most)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.ceiling:
+        parameter_pass_ceiling()
+        return
     if args.profile or args.breakdown:
         print(f"d=1280, one learn_one, {'profile' if args.profile else 'breakdown'}:")
         step_time(1280, "profile" if args.profile else "breakdown")
