@@ -512,3 +512,14 @@ def test_a_features_path_or_results_folder_of_the_wrong_kind_is_named(where, kin
     line = one_line_error(*cli(capsys, ["report", str(target)]))
     expected = "a FIFO (named pipe)" if where == "fifo" else "a file"
     assert f"results folder {target}: not a folder ({expected})" in line
+
+
+@pytest.mark.parametrize("kind", ["fifo", "file"])
+def test_an_out_folder_that_is_no_folder_says_what_it_is(kind, tmp_path, capsys):
+    target = tmp_path / "out"
+    os.mkfifo(target) if kind == "fifo" else target.write_text("x")
+    argv = ["run", *QUICK, "--method", "ncm", "--cache", str(tmp_path / "cache"),
+            "--out", str(target)]
+    line = one_line_error(*cli(capsys, argv))
+    what = "a FIFO (named pipe)" if kind == "fifo" else "a file"
+    assert f"--out {target}: cannot write there (it is {what}, not a folder)" in line

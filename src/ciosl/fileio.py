@@ -53,8 +53,14 @@ def check_writable(folder: str | Path, what: str = "--out") -> Path:
         os.close(fd)
         os.unlink(tmp)
     except OSError as e:
-        raise ValueError(f"{what} {folder}: cannot write there "
-                         f"({e.strerror or type(e).__name__})") from None
+        why = e.strerror or type(e).__name__
+        try:
+            mode = folder.stat().st_mode
+            if not stat.S_ISDIR(mode):  # "File exists" would not say what is in the way
+                why = f"it is {kind_of(mode)}, not a folder"
+        except OSError:
+            pass
+        raise ValueError(f"{what} {folder}: cannot write there ({why})") from None
     return folder
 
 
