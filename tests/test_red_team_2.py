@@ -523,3 +523,20 @@ def test_an_out_folder_that_is_no_folder_says_what_it_is(kind, tmp_path, capsys)
     line = one_line_error(*cli(capsys, argv))
     what = "a FIFO (named pipe)" if kind == "fifo" else "a file"
     assert f"--out {target}: cannot write there (it is {what}, not a folder)" in line
+
+
+def test_a_sweep_without_a_terminal_reports_progress_in_plain_lines(tmp_path, capsys,
+                                                                    monkeypatch):
+    """A sweep whose output goes to a log says how far it is while cells run, not only when
+    one finishes: runs done of the total, what runs and what is left, the time spent."""
+    from ciosl.report import console
+
+    monkeypatch.setattr(console, "PLAIN_PROGRESS_SECONDS", 0.0)
+    grid = grid_file(tmp_path, 'methods = ["ncm", "slda"]\nruns = 2\noffline_epochs = 2')
+    assert main(["sweep", grid, "--workers", "1"]) == 0
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("sweep: ")]
+    assert lines, err
+    assert lines[0].startswith("sweep: 0 / 4 runs (") and " elapsed" in lines[0]
+    assert lines[-1].startswith("sweep: 4 / 4 runs (0 running, 0 left), ")
+    assert "\x1b" not in err

@@ -222,15 +222,30 @@ def _duration(seconds: float | None) -> str:
 
 
 class SweepMonitor:
-    """Progress of a sweep: runs done / running / left / failed and the time left (rich), plus
-    one line per finished cell and per failed run."""
+    """Progress of a sweep: runs done / running / left / failed and the time left (rich on a
+    terminal; otherwise a plain line at most every ``PLAIN_PROGRESS_SECONDS``), plus one line
+    per finished cell and per failed run."""
 
-    def __init__(self, bar: Progress):
-        self.bar = bar
+    def __init__(self, bar: Progress, plain: bool = False):
+        self.bar, self.plain = bar, plain
         self.runs = bar.add_task("runs", total=None, info="", eta="eta ?")
         self.offline = bar.add_task("offline refs", total=None, info="", eta="")
+        self.start = self.last = time.monotonic()
 
     def update(self, s) -> None:
+        if self.plain:
+            now = time.monotonic()
+            if now - self.last >= PLAIN_PROGRESS_SECONDS:
+                self.last = now
+                eta = f", {_duration(s.eta)}" if s.left + s.running else ""
+                err_console.print(
+                    f"sweep: {s.skipped + s.done + s.failed} / {s.runs} runs "
+                    f"({s.running} running, {s.left} left"
+                    + (f", {s.skipped} done before" if s.skipped else "")
+                    + (f", {s.failed} failed" if s.failed else "")
+                    + f"), {_clock(now - self.start)} elapsed{eta}", highlight=False,
+                    soft_wrap=True)
+            return
         self.bar.update(self.runs, total=s.runs, completed=s.skipped + s.done + s.failed,
                         info=f"{s.running} running, {s.left} left"
                              + (f", {s.skipped} done before" if s.skipped else "")
@@ -258,7 +273,7 @@ def sweep_monitor():
                   TextColumn("{task.fields[info]}"), TimeElapsedColumn(),
                   TextColumn("{task.fields[eta]}"), console=err_console,
                   disable=not err_console.is_terminal) as bar:
-        yield SweepMonitor(bar)
+        yield SweepMonitor(bar, plain=not err_console.is_terminal)
 
 
 def print_sweep_plan(grid, rows) -> None:
