@@ -17,7 +17,8 @@ warm-up, so every timed step replays N1' items and distils N2'), this measures i
 and prints both, then ``step/arithmetic ratio: X`` for the 1280-d case as the last line.
 Run: ``python benchmarks/step_time.py`` (``--breakdown``: the median time of each phase of
 the step; ``--profile``: a torch profile; ``--ceiling``: the share of the passes over the
-parameters, what fusing them could save at most). One thread by default (``--threads``): per-sample
+parameters, what fusing them could save at most; ``--floor``: the noise and the parameter passes
+alone, against the products). One thread by default (``--threads``): per-sample
 work is too small to gain from a second one.
 """
 
@@ -195,17 +196,49 @@ def arithmetic_time(d: int, n_replay: int = 16, n_distill: int = 16, k: int = 5)
     return median_time(products, 400)
 
 
+def floor_time(d: int, n_replay: int = 16, n_distill: int = 16, k: int = 5) -> dict[str, float]:
+    """Median times of what a step must do beyond its products, alone at the step's sizes: one
+    draw of the step's noise, the variances 1 / (pi_0 + E Fbar), the KL gradient, the gradient's
+    norm and the fused momentum SGD (each a pass over the P parameters)."""
+    P = sum(a * b + b for a, b in zip([d, *HIDDEN], [*HIDDEN, N_CLASSES], strict=True))
+    gen = torch.Generator().manual_seed(0)
+    a, b, c, e = (torch.rand(P, generator=gen) + 0.1 for _ in range(4))
+    out = torch.empty(P)
+    rows = 1 + n_replay + n_distill + (1 + n_replay) * (k - 1)
+    width = sum(HIDDEN) + N_CLASSES
+
+    def sgd() -> None:
+        torch._fused_sgd_([a], [c], [e], weight_decay=1e-5, momentum=0.9, lr=0.01,
+                          dampening=0.0, nesterov=False, maximize=False, is_first_step=False)
+
+    parts = {"noise": lambda: torch.randn(rows, width, generator=gen),
+             "variances": lambda: torch.add(a, b, alpha=3.0, out=out).reciprocal_(),
+             "KL gradient": lambda: c.addcmul_(torch.sub(a, b, out=out), e, value=1e-3),
+             "norm": lambda: c.norm(), "SGD": sgd}
+    return {name: median_time(fn, 400) for name, fn in parts.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--profile", action="store_true", help="torch profile of the step")
     parser.add_argument("--breakdown", action="store_true", help="median time per phase")
+    parser.add_argument("--floor", action="store_true", help="what a step must do beyond its "
+                        "products (noise, passes over the parameters), against the products")
     parser.add_argument("--ceiling", action="store_true", help="share of the step spent in "
                         "passes over the parameters (what fusing them could save at most)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.ceiling:
         parameter_pass_ceiling()
+        return
+    if args.floor:
+        for d in (784, 1280):
+            parts, arith = floor_time(d), arithmetic_time(d)
+            total = sum(parts.values())
+            print(f"d={d}: dense arithmetic {arith * 1e3:.3f} ms; beyond it: "
+                  + ", ".join(f"{k} {v * 1e3:.3f}" for k, v in parts.items())
+                  + f" ms; together {total * 1e3:.3f} ms = {total / arith:.2f} of the arithmetic")
         return
     if args.profile or args.breakdown:
         print(f"d=1280, one learn_one, {'profile' if args.profile else 'breakdown'}:")
