@@ -312,7 +312,7 @@ def fail_with(error: BaseException):
 
 MIDRUN_CASES = [
     ("memory-error", MemoryError("Unable to allocate 3.5 GiB for an array"),
-     "error: out of memory: Unable to allocate 3.5 GiB for an array; use fewer samples", 2),
+     "error: out of memory: Unable to allocate 3.5 GiB for an array; use smaller settings, fewer samples", 2),
     ("disk-full", OSError(errno.ENOSPC, "No space left on device", "/cache/offline/x.json"),
      "error: /cache/offline/x.json: No space left on device", 2),
     ("corrupt-zip-escaping-a-reader", __import__("zipfile").BadZipFile("Bad CRC-32 for file"),

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pickle
+import re
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -56,14 +57,34 @@ def _first_line(e: BaseException) -> str:
     return text.splitlines()[0] if text else ""
 
 
+_ALLOCATION = re.compile(r"can't allocate memory: you tried to allocate (\d+) bytes")
+
+
+def is_out_of_memory(e: BaseException) -> bool:
+    """A ``MemoryError``, or torch's allocator failure (a ``RuntimeError``)."""
+    return isinstance(e, MemoryError) or (isinstance(e, RuntimeError)
+                                          and bool(_ALLOCATION.search(str(e))))
+
+
+def out_of_memory(e: BaseException, what: str = "") -> str:
+    """One line for an allocation that failed: how much was asked for, by what, and what to
+    change; never the allocator's internals."""
+    if str(e).startswith("out of memory"):  # already said
+        return _first_line(e)
+    found = _ALLOCATION.search(str(e))
+    asked = f" (an allocation of {int(found.group(1)) / 2**30:.1f} GiB)" if found else ""
+    detail = "" if found or not _first_line(e) else f": {_first_line(e)}"
+    return (f"out of memory{what}{asked}{detail}; use smaller settings, fewer samples "
+            "(--limit-per-class) or fewer workers")
+
+
 def message(e: BaseException) -> str:
     """The one-line message of ``e`` (an expected error or not)."""
     if isinstance(e, OSError) and e.strerror:
         names = [str(n) for n in (e.filename, e.filename2) if n is not None]
         return f"{' -> '.join(names)}: {e.strerror}" if names else e.strerror
-    if isinstance(e, MemoryError):
-        return (f"out of memory{': ' + _first_line(e) if _first_line(e) else ''}; use fewer "
-                "samples (--limit-per-class) or fewer workers")
+    if is_out_of_memory(e):
+        return out_of_memory(e)
     if isinstance(e, EOFError | pickle.UnpicklingError | zipfile.BadZipFile):
         return f"{type(e).__name__}: {_first_line(e) or 'no details'}"
     if not isinstance(e, EXPECTED):

@@ -25,7 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ciosl.data.mobilenet import WeightsError, frozen, read_state_dict
+from ciosl.data.mobilenet import MAX_WEIGHTS_BYTES, WeightsError, frozen, read_state_dict
+from ciosl.fileio import check_regular
 
 EMBED_DIM = 1280
 BN_EPS = 1e-3
@@ -146,7 +147,10 @@ def _sha256(path: Path) -> str:
 
 def weights_id(weights: str | Path | None = None) -> str:
     """Short id of the weights for the feature-cache key: the file's sha256 prefix."""
-    return WEIGHTS_SHA256[:16] if weights is None else _sha256(Path(weights))[:16]
+    if weights is None:
+        return WEIGHTS_SHA256[:16]
+    check_regular(weights, "EfficientNet-Lite0 weights file", limit=MAX_WEIGHTS_BYTES)
+    return _sha256(Path(weights))[:16]
 
 
 def load_efficientnet_lite0(weights: str | Path | None = None) -> EfficientNetLite0:

@@ -98,6 +98,8 @@ def weights_id(weights: str | Path | None = None) -> str:
     """
     if weights is None:
         return WEIGHTS_HASH
+    from ciosl.fileio import check_regular
+    check_regular(weights, "MobileNetV2 weights file", limit=MAX_WEIGHTS_BYTES)  # before hashing
     digest = hashlib.sha256()
     with open(weights, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -129,16 +131,31 @@ def load_mobilenet_v2(weights: str | Path | None = None, *, progress: bool = Tru
                   "with --weights.")
 
 
+MAX_WEIGHTS_BYTES = 2**30  # mobile CNNs' weights are ~15-20 MB; 1 GiB is far beyond any of them
+
+
 def read_state_dict(path: str | Path, network: str) -> object:
     """``torch.load(path, weights_only=True)`` of a weights file, refusing a FIFO or a device
     (which would block) and naming ``network`` and the file when it cannot be read."""
     from ciosl.fileio import check_regular
 
-    path = check_regular(path, f"{network} weights file")
+    path = check_regular(path, f"{network} weights file", limit=MAX_WEIGHTS_BYTES)
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # torch.load raises many kinds on a damaged or foreign file
-        raise WeightsError(f"Could not read {network} weights from {path}: {e}") from e
+        raise WeightsError(f"Could not read {network} weights from {path}: "
+                           f"{weights_problem(e)}") from None
+
+
+def weights_problem(e: Exception) -> str:
+    """What was wrong with a weights file, in one line, without torch's advice to retry with
+    ``weights_only=False`` (which would run whatever code the file holds)."""
+    text = str(e)
+    if "weights only load failed" in text.lower() or "weights_only" in text:
+        return ("it is not a plain tensor state_dict (torch.load with weights_only=True "
+                "refused it; ciosl never loads weights any other way)")
+    lines = text.strip().splitlines()
+    return f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
 
 
 def frozen(model: nn.Module, state: object, source: str | Path, kind: str,

@@ -28,6 +28,7 @@ import numpy as np
 import ciosl
 from ciosl.data.orderings import Ordering, check_kind, limit_per_class, make_ordering
 from ciosl.data.types import DatasetSpec, FeatureSet
+from ciosl.errors import is_out_of_memory, out_of_memory
 from ciosl.evaluation.checkpoint import (
     checkpoint_path,
     identity,
@@ -50,7 +51,14 @@ from ciosl.evaluation.protocol import (
     run_stream,
     subset_train,
 )
-from ciosl.fileio import atomic_write_json, check_regular, check_writable, load_json
+from ciosl.fileio import (
+    MAX_TEXT_BYTES,
+    atomic_write_json,
+    check_regular,
+    check_writable,
+    load_json,
+    read_bytes,
+)
 from ciosl.learners.base import Learner, get_method, parse_value
 
 
@@ -176,6 +184,9 @@ def resolve_settings(cls: type[Learner], spec: DatasetSpec, ordering: str,
             f"unknown setting(s) {', '.join(unknown)} for method {cls.name!r}; valid settings: "
             f"{', '.join(sorted(known)) or '(none)'}"
         )
+    if buffer is not None and "buffer" in overrides:
+        raise ValueError(f"--buffer {buffer} and --set buffer={overrides['buffer']} both set the "
+                         "replay buffer: give one of them")
     settings: dict[str, Any] = {}
     if "buffer" in known:
         settings["buffer"] = spec.buffer if buffer is None else buffer
@@ -336,7 +347,8 @@ def validate(exp: ExperimentSpec) -> tuple[DatasetSpec, type[Learner], dict[str,
     if exp.extractor is not None:
         parse_extractor(exp.extractor)
     if exp.weights is not None:
-        check_regular(Path(exp.weights).expanduser(), "--weights")
+        from ciosl.data.mobilenet import MAX_WEIGHTS_BYTES
+        check_regular(Path(exp.weights).expanduser(), "--weights", limit=MAX_WEIGHTS_BYTES)
     check_seeds(exp.seeds, "seeds")
     check_range(exp.offline_epochs, "--offline-epochs", 1, MAX_EPOCHS)
     check_range(exp.checkpoint_every, "--checkpoint-every", 0, MAX_CHECKPOINT_EVERY)
@@ -392,6 +404,20 @@ def offline_curve(fs: FeatureSet, ordering: Ordering, offline: OfflineSettings,
             for t in range(len(ordering.events))]
 
 
+def check_reference(reference: Sequence[float], ordering: Ordering, events: str) -> None:
+    """Omega_all divides by the offline accuracy of each event it counts: refuse a run whose
+    offline reference scores 0 at one of them (a test split the training data cannot predict),
+    naming the event, before any streaming work."""
+    first = 1 if events == "after_base" else 0
+    for t, acc in enumerate(reference):
+        if t >= first and not acc > 0:
+            raise ValueError(
+                f"the offline reference scores {acc:.0%} at testing event {t} (stream position "
+                f"{int(ordering.events[t])}) of seed {ordering.seed}: Omega_all "
+                f"(accuracy / offline accuracy) is undefined on this data (the offline learner gets none of "
+                f"that event's test samples right)")
+
+
 def run_seed(exp: ExperimentSpec, cls: type[Learner], settings: dict[str, Any], fs: FeatureSet,
              ordering: Ordering, offline: OfflineSettings, cache_dir: Path | None,
              **stream: Any) -> dict:
@@ -399,13 +425,41 @@ def run_seed(exp: ExperimentSpec, cls: type[Learner], settings: dict[str, Any], 
     offline reference and Omega_all. Shared by ``run_experiment`` and ``ciosl sweep``.
     ``accuracy`` / ``accuracy_offline`` hold every testing event, the base event (index 0)
     included; ``omega_all`` averages the events ``exp.omega_events`` names."""
+    reference = offline_curve(fs, ordering, offline, cache_dir)  # cached: shared by methods
+    check_reference(reference, ordering, exp.omega_events)  # before the stream, not after it
     learner = cls(**settings, seed=ordering.seed)
-    run = run_stream(learner, fs, ordering, regime=regime_of(exp), **stream)
-    run["accuracy_offline"] = offline_curve(fs, ordering, offline, cache_dir)
+    try:
+        run = run_stream(learner, fs, ordering, regime=regime_of(exp), **stream)
+    except (MemoryError, RuntimeError) as e:  # name the method and what sized its memory
+        if not is_out_of_memory(e):
+            raise
+        default = {st.name: st.default for st in cls.settings()}
+        changed = {k: v for k, v in settings.items() if k in default and v != default[k]}
+        shown = ", ".join(f"{k}={v}" for k, v in changed.items()) or "its defaults"
+        raise MemoryError(out_of_memory(e, f" in method {cls.name!r} ({shown})")) from None
+    run["accuracy_offline"] = reference
     run["omega_all"] = omega_all(run["accuracy"], run["accuracy_offline"],
                                  events=exp.omega_events)
     run["omega_events"] = exp.omega_events
     return run
+
+
+def method_source(cls: type[Learner]) -> dict[str, str] | None:
+    """For a learner defined outside ciosl (``--method module:Class``, an entry point): its
+    class path and the sha256 of its module's source, so that two different learners sharing a
+    ``name``, or one whose code changed, are different experiments. None for ciosl's own
+    (their code is ciosl's version)."""
+    if cls.__module__ == "ciosl" or cls.__module__.startswith("ciosl."):
+        return None
+    import inspect
+    out = {"class": f"{cls.__module__}:{cls.__qualname__}"}
+    try:
+        source = inspect.getsourcefile(cls)
+        out["sha256"] = hashlib.sha256(read_bytes(source, "learner source",
+                                                  limit=MAX_TEXT_BYTES)).hexdigest()
+    except (TypeError, OSError, ValueError):  # no source file (built in a session): class only
+        pass
+    return out
 
 
 def result_header(exp: ExperimentSpec, spec: DatasetSpec, cls: type[Learner],
@@ -413,10 +467,12 @@ def result_header(exp: ExperimentSpec, spec: DatasetSpec, cls: type[Learner],
     """The first fields of a result JSON: what the experiment is (``identity_of`` picks the
     ones that tell two experiments apart). ``fs`` may hold metadata only."""
     every = {s.name: s.default for s in cls.settings() if s.name != "seed"}
+    source = method_source(cls)
     return {
         "dataset": exp.dataset,
         "ordering": exp.ordering,
         "method": cls.name,
+        **({"method_source": source} if source else {}),
         "violates_single_pass": cls.violates_single_pass or exp.regime == "batch",
         "regime": regime_of(exp).__dict__,
         "extractor": fs.extractor,
@@ -432,8 +488,8 @@ def result_header(exp: ExperimentSpec, spec: DatasetSpec, cls: type[Learner],
     }
 
 
-IDENTITY = ("dataset", "ordering", "method", "regime", "extractor", "limit_per_class",
-            "settings", "protocol", "features_key")
+IDENTITY = ("dataset", "ordering", "method", "method_source", "regime", "extractor",
+            "limit_per_class", "settings", "protocol", "features_key")
 
 
 def identity_of(result: dict) -> dict:
@@ -566,12 +622,15 @@ def run_experiment(exp: ExperimentSpec, *,
     spec, cls, settings = validate(exp)
     if exp.out_dir is not None:
         check_writable(exp.out_dir)  # before any work, not after hours of it
+    if exp.cache_dir:  # a cache that is no folder is named now, not as an entry's path later
+        check_writable(exp.cache_dir, "--cache")
     fs = load_features(exp, spec)
     offline = offline_settings(exp, spec)
     cache_dir = Path(exp.cache_dir) if exp.cache_dir else None
     orderings = [stream_ordering(exp, spec, fs, s) for s in exp.seeds]
     ident = identity({
         "dataset": exp.dataset, "ordering": exp.ordering, "method": cls.name,
+        **({"method_source": method_source(cls)} if method_source(cls) else {}),
         "seeds": [int(x) for x in exp.seeds], "settings": settings, "features": fs.key,
         "limit_per_class": exp.limit_per_class, "offline": offline.__dict__,
         "regime": regime_of(exp).__dict__})

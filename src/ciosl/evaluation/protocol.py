@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -26,6 +27,8 @@ from ciosl.evaluation.metrics import accuracy, class_counts, matrix_columns
 from ciosl.fileio import atomic_write_json, cache_root, read_json
 from ciosl.learners.base import Learner
 from ciosl.learners.head import train_offline
+
+logger = logging.getLogger(__name__)
 
 OFFLINE_VERSION = 1
 Progress = Callable[[int], None]  # called with the number of samples just learned
@@ -76,8 +79,12 @@ def offline_accuracy(fs: FeatureSet, ordering: Ordering, t: int, settings: Offli
     mask = ordering.test_mask(fs.test_y, t)
     pred = classes[net.predict_proba(fs.test_z[mask]).argmax(axis=1)]
     acc = accuracy(pred, fs.test_y[mask])
-    atomic_write_json(path, {"ident": ident, "accuracy": acc,
-                             "sha256": offline_digest(ident, acc)})
+    try:
+        atomic_write_json(path, {"ident": ident, "accuracy": acc,
+                                 "sha256": offline_digest(ident, acc)})
+    except OSError as e:  # a read-only or full disk costs the cache, not the run
+        logger.warning("Could not write offline reference cache entry %s (%s).", path,
+                       e.strerror or e)
     return acc
 
 

@@ -55,6 +55,7 @@ from ciosl.evaluation.experiment import (
     check_overwrite,
     check_range,
     load_features,
+    method_source,
     offline_curve,
     offline_settings,
     result_header,
@@ -154,9 +155,10 @@ def settings_fingerprint(exp: ExperimentSpec, spec: DatasetSpec, cls: type[Learn
     """Everything that makes a run of this cell what it is, except the features: every setting
     as this code resolves it (a changed default is a changed cell), the offline reference's
     recipe and the regime. Needs no data."""
+    source = method_source(cls)  # only for a learner defined outside ciosl
     return _fingerprint({
         "format": RUN_FORMAT, "dataset": exp.dataset, "ordering": exp.ordering,
-        "method": cls.name,
+        "method": cls.name, **({"method_source": source} if source else {}),
         "settings": {**{st.name: st.default for st in cls.settings() if st.name != "seed"},
                      **settings},
         "limit_per_class": exp.limit_per_class, "offline": offline_settings(exp, spec).__dict__,
@@ -422,6 +424,8 @@ def run_sweep(grid: Grid, *, executor: str = "local", workers: int | None = None
         import_ray()  # a clear error now rather than after loading the features
     started = time.time()
     out = check_writable(grid.out, "the output folder")  # before loading or computing anything
+    if grid.cache:
+        check_writable(grid.cache, "the cache folder")
     infos = prepare(grid)
     for info in infos:  # no cell file of another experiment is replaced: refused before any work
         check_cell_file(grid, out, info, force)
