@@ -385,3 +385,40 @@ def test_dry_run_counts_only_the_runs_the_sweep_will_reuse(local_sweep, monkeypa
     assert {info.cell.method for info in prepare(grid)
             if info.fingerprint != json.loads(run_file(grid.out, info.cell, 0).read_text())[
                 "fingerprint"]} == {"tinyer"}  # and the sweep agrees
+
+
+def test_an_extended_folder_divides_every_method_by_its_one_offline_reference(tmp_path):
+    """A sweep that adds a method to a folder takes the offline reference its finished runs
+    divide by, not a freshly trained one (a cache rebuilt on another machine can train a
+    slightly different offline MLP): every method of a stream keeps one reference."""
+    head = (f'cache = "{tmp_path / "cache"}"\nout = "{tmp_path / "out"}"\nname = "x"\n'
+            'datasets = ["digits"]\norderings = ["class_iid"]\nseeds = [0]\n'
+            'limit_per_class = 15\n')
+    first = load_grid(write_grid(tmp_path, head + 'methods = ["ncm"]\n', "a.toml"))
+    run_sweep(first, executor="local", workers=1)
+    path = run_file(first.out, first.cells[0], 0)
+    saved = json.loads(path.read_text())
+    folder_reference = [0.5 + 0.01 * i for i in range(len(saved["run"]["accuracy_offline"]))]
+    saved["run"]["accuracy_offline"] = folder_reference  # as if trained on another machine
+    path.write_text(json.dumps(saved))
+    statuses = []
+
+    class Monitor:
+        def update(self, status):
+            statuses.append(dataclasses.replace(status))
+
+        def run_done(self, *args):
+            pass
+
+        run_failed = cell_done = run_done
+
+    both = load_grid(write_grid(tmp_path, head + 'methods = ["ncm", "slda"]\n', "b.toml"))
+    summary = run_sweep(both, executor="local", workers=1, monitor=Monitor())
+
+    assert (summary.computed, summary.skipped, summary.failed) == (1, 1, [])
+    assert statuses and all(st.offline == 0 for st in statuses)  # no offline task was run
+    slda = json.loads(result_file(both.out, both.cells[1]).read_text())
+    assert slda["runs"][0]["accuracy_offline"] == folder_reference
+    acc = slda["runs"][0]["accuracy"]
+    assert slda["omega_all"]["mean"] == pytest.approx(
+        np.mean(np.divide(acc[1:], folder_reference[1:])))

@@ -420,12 +420,17 @@ def check_reference(reference: Sequence[float], ordering: Ordering, events: str)
 
 def run_seed(exp: ExperimentSpec, cls: type[Learner], settings: dict[str, Any], fs: FeatureSet,
              ordering: Ordering, offline: OfflineSettings, cache_dir: Path | None,
-             **stream: Any) -> dict:
+             reference: Sequence[float] | None = None, **stream: Any) -> dict:
     """One run of a cell: a fresh learner through ``run_stream(..., **stream)``, then its
     offline reference and Omega_all. Shared by ``run_experiment`` and ``ciosl sweep``.
     ``accuracy`` / ``accuracy_offline`` hold every testing event, the base event (index 0)
     included; ``omega_all`` averages the events ``exp.omega_events`` names."""
-    reference = offline_curve(fs, ordering, offline, cache_dir)  # cached: shared by methods
+    if reference is None:  # cached: shared by every method
+        reference = offline_curve(fs, ordering, offline, cache_dir)
+    elif len(reference) != len(ordering.events):
+        raise ValueError(f"an offline reference of {len(reference)} events for a stream of "
+                         f"{len(ordering.events)}")
+    reference = [float(x) for x in reference]
     check_reference(reference, ordering, exp.omega_events)  # before the stream, not after it
     learner = cls(**settings, seed=ordering.seed)
     try:

@@ -6,7 +6,10 @@ Work happens in three steps:
    them if needed), so no two workers ever extract the same features;
 2. one *offline task* per stream (features, ordering, seed) trains the offline reference
    learners of that stream and caches their accuracies; they do not depend on the method, so
-   every cell of the stream reuses them;
+   every cell of the stream reuses them. A stream that a finished run in the output folder
+   already divides by needs no offline task: its new runs take that run's reference, so every
+   method of a stream divides by one reference even when the cache was rebuilt on another
+   machine (whose offline MLP can differ in the last digits: floating-point order);
 3. one *run task* per (cell, seed): a fresh learner through the stream. The driver writes each
    finished run atomically to ``OUT/runs/<cell>/seed-<seed>.json`` and, once every seed of a cell
    is there, the cell's result to ``OUT/<cell>.json`` in the format ``ciosl run`` writes (built by
@@ -41,7 +44,7 @@ import signal
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field, replace
@@ -240,8 +243,10 @@ def _worker_features(exp: ExperimentSpec, spec: DatasetSpec) -> FeatureSet:
     return _FEATURES[fid]
 
 
-def execute(kind: str, exp: ExperimentSpec, seed: int) -> dict:
-    """One task, in a worker: ``offline`` (the stream's offline references) or ``run``."""
+def execute(kind: str, exp: ExperimentSpec, seed: int,
+            reference: list[float] | None = None) -> dict:
+    """One task, in a worker: ``offline`` (the stream's offline references) or ``run`` (with
+    the stream's ``reference`` when the output folder already holds one)."""
     import torch
 
     torch.set_num_threads(1)  # one-sample steps are fastest single-threaded; workers parallelize
@@ -255,7 +260,8 @@ def execute(kind: str, exp: ExperimentSpec, seed: int) -> dict:
     if kind == "offline":
         out["offline"] = offline_curve(fs, ordering, offline, cache_dir)
     else:
-        out["run"] = run_seed(exp, cls, settings, fs, ordering, offline, cache_dir)
+        out["run"] = run_seed(exp, cls, settings, fs, ordering, offline, cache_dir,
+                              reference=reference)
     out["wall_seconds"] = time.perf_counter() - started
     return out
 
@@ -395,6 +401,28 @@ class _Stream:
     exp: ExperimentSpec
     seed: int
     runs: list[tuple[CellInfo, int]]
+    reference: list[float] | None = None  # the offline accuracies the folder's runs divide by
+
+
+def _stream_key(info: CellInfo, seed: int) -> tuple:
+    return (_features_id(info.exp), info.fs.key, info.exp.ordering, seed,
+            tuple(sorted(info.offline.__dict__.items())))
+
+
+def _references(out: Path, infos: list[CellInfo], seeds: Sequence[int]) -> dict[tuple, list]:
+    """The offline reference of each stream that a finished run in ``out`` already divides
+    by. Every method of a stream must divide by the same one ("the offline model is trained
+    only once"); a cache rebuilt on another machine can train a slightly different offline
+    MLP (floating-point order), so a sweep that extends a folder reuses the folder's."""
+    found: dict[tuple, list] = {}
+    for info in infos:
+        for seed in seeds:
+            key = _stream_key(info, seed)
+            saved = None if key in found else _finished(out, info, seed)
+            reference = saved["run"].get("accuracy_offline") if saved else None
+            if isinstance(reference, list) and reference:
+                found[key] = reference
+    return found
 
 
 MAX_RAY_WORKERS = 10_000
@@ -441,9 +469,12 @@ def run_sweep(grid: Grid, *, executor: str = "local", workers: int | None = None
         if not todo:
             complete.append(info)
         for seed in todo:
-            key = (_features_id(info.exp), info.fs.key, info.exp.ordering, seed,
-                   tuple(sorted(info.offline.__dict__.items())))
+            key = _stream_key(info, seed)
             streams.setdefault(key, _Stream(info.exp, seed, [])).runs.append((info, seed))
+    if streams:
+        for key, reference in _references(out, infos, grid.seeds).items():
+            if key in streams:
+                streams[key].reference = reference
     summary = SweepSummary(out=out, cells=len(infos), runs=len(infos) * len(grid.seeds),
                            skipped=skipped, computed=0)
     for info in complete:  # written already, unless its result is missing or stale
@@ -453,7 +484,8 @@ def run_sweep(grid: Grid, *, executor: str = "local", workers: int | None = None
                 and (old.get("omega_all") or {}).get("events") == info.exp.omega_events):
             summary.results.append(_cell_done(grid, out, info, monitor, force))
 
-    status = Status(runs=summary.runs, skipped=skipped, offline=len(streams))
+    status = Status(runs=summary.runs, skipped=skipped,
+                    offline=sum(st.reference is None for st in streams.values()))
     if monitor is not None:
         monitor.update(status)
     if streams:
@@ -479,15 +511,19 @@ def _drive(grid: Grid, out: Path, streams: dict[tuple, _Stream], status: Status,
            monitor: Monitor | None, force: bool = False) -> None:
     ex: _Local | _Ray = (_Local(workers or default_workers()) if executor == "local"
                          else _Ray(workers, address))
-    offline_queue = deque(streams.values())
+    offline_queue = deque(st for st in streams.values() if st.reference is None)
     # runs whose offline references are ready, cell by cell: cells complete (and their result
     # JSON appears) one after another rather than all at the end
     rank = {cell.id: i for i, cell in enumerate(grid.cells)}
     run_queue: list[tuple[int, int, CellInfo]] = []
     left = {}  # cell id -> seeds not finished yet
+    reference = {}  # (cell id, seed) -> the folder's offline reference of its stream
     for stream in streams.values():
         for info, seed in stream.runs:
             left.setdefault(info.cell.id, set()).add(seed)
+            if stream.reference is not None:  # no offline task: ready to run
+                reference[info.cell.id, seed] = stream.reference
+                heapq.heappush(run_queue, (rank[info.cell.id], seed, info))
     in_flight: dict[Any, tuple[str, Any, float]] = {}
     run_seconds: list[float] = []
     offline_seconds: list[float] = []
@@ -501,7 +537,8 @@ def _drive(grid: Grid, out: Path, streams: dict[tuple, _Stream], status: Status,
                     in_flight[handle] = ("offline", stream, time.time())
                 else:
                     _, seed, info = heapq.heappop(run_queue)
-                    handle = ex.submit("run", info.exp, seed)
+                    handle = ex.submit("run", info.exp, seed,
+                                       reference.get((info.cell.id, seed)))
                     in_flight[handle] = ("run", (info, seed), time.time())
             for handle, value, error in ex.wait(list(in_flight), timeout=0.5):
                 kind, item, _ = in_flight.pop(handle)
