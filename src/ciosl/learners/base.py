@@ -260,7 +260,8 @@ def allows_inf(setting: Setting) -> bool:
 
 MAX_EPOCHS = 1000  # an *_epochs setting (base_epochs, retrain_epochs, ...), as --epochs
 MAX_SEED = 2**32 - 1  # what every generator here accepts
-MAX_INT_SETTING = 10**6  # any other integer setting: buffer, n_replay, mc_samples, proj_dim, ...
+MAX_INT_SETTING = 10**6  # any other integer setting: buffer, n_replay, refresh_every, ...
+# (those that multiply memory or work have a tighter range too: SETTING_RANGES, checked later)
 
 
 def check_bound(setting: Setting, value: Any, prefix: str = "") -> None:
@@ -273,6 +274,85 @@ def check_bound(setting: Setting, value: Any, prefix: str = "") -> None:
              else MAX_INT_SETTING)
     if value > bound:
         raise ValueError(f"{prefix}setting {name!r} must be <= {bound}, got {name}={value}")
+
+
+@dataclass(frozen=True)
+class Range:
+    """The sane values of a number setting: ``Range(0, 1, high_open=True)`` is [0, 1)."""
+
+    low: float
+    high: float
+    low_open: bool = False
+    high_open: bool = False
+
+    def __contains__(self, x: Any) -> bool:
+        above = x > self.low if self.low_open else x >= self.low
+        below = x < self.high if self.high_open else x <= self.high
+        return bool(above and below)
+
+    def __str__(self) -> str:
+        return (f"{'(' if self.low_open else '['}{_short(self.low)}, {_short(self.high)}"
+                f"{')' if self.high_open else ']'}")
+
+
+def _short(x: float) -> str:
+    """``0``, ``100``, ``0.001``, ``1e6``, ``1e-6``: a range's end as people write it."""
+    if x == int(x) and abs(x) < 1e5:
+        return str(int(x))
+    return f"{x:g}".replace("e+0", "e").replace("e-0", "e-").replace("e+", "e")
+
+
+# A float setting without a range of its own (a learner of the user's own, a new setting):
+# beyond +-1e6 a weight, a scale or a rate is a typo, and it overflows float32 arithmetic.
+FLOAT_RANGE = Range(-1e6, 1e6)
+
+# The sane range of each number setting, by name (``Learner.ranges``; a learner may widen or
+# narrow one in its own ``ranges``). Checked after the method's own checks (``_check_ranges``):
+# those name finer conditions, and relations between settings, first.
+SETTING_RANGES: dict[str, Range] = {
+    # SGD: lr 0 learns nothing, and far beyond the stability bound lr < 4 (1 + m) / ||x||^2
+    # of head.check_finite every step diverges (100 still shows the divergence message);
+    # momentum >= 1 never converges (the buffer sums every gradient ever seen)
+    "lr": Range(0, 100, low_open=True),
+    "momentum": Range(0, 1, high_open=True),
+    "weight_decay": Range(0, 1),
+    # caps (inf where the help documents it, ``allows_inf``: no cap)
+    "max_grad_norm": Range(0, 1e6, low_open=True),
+    "max_penalty_step": Range(0, 1e6, low_open=True),
+    # weights of loss terms; EWC / MAS weigh importances of 1e-6 and less (their penalty step
+    # is capped by max_penalty_step), so their lam reaches far higher
+    "lam": Range(0, 1e10),
+    "lambda1": Range(0, 1e6),
+    "lambda2": Range(0, 1e6),
+    # NCM's softmax temperature (on squared distances) and the Bayesian heads' posterior
+    # temperature (evidence N / T in float32 precisions): outside, the softmax is a one-hot of
+    # NaN or exactly uniform (predict would answer the first class), the precision overflows
+    "temperature": Range(1e-6, 1e6),
+    # EMA rate of the Fisher: below 1e-6 its bias correction 1 / (1 - (1 - r)^t) overflows
+    "fisher_decay": Range(1e-6, 1),
+    "shrinkage": Range(0, 1),
+    # initial prior N(0, s^2 / fan_in): its precision fan_in / s^2 is float32
+    "prior_scale": Range(1e-3, 1e3),
+    # integers that multiply memory or work beyond the generic MAX_INT_SETTING: k weight draws
+    # of the whole head at predict time (prediction=mc), train_draws forward/backward passes
+    # per step, pq_subvectors padded feature columns per stored item
+    "mc_samples": Range(1, 1000),
+    "train_draws": Range(1, 100),
+    "pq_subvectors": Range(1, 4096),
+}
+
+
+def check_range(setting: Setting, value: Any, allowed: Range | None, prefix: str = "") -> None:
+    """Refuse a number setting outside its sane range ``allowed`` (None: no range; ``inf``
+    passes where the setting documents it, ``allows_inf``)."""
+    if allowed is None or isinstance(value, bool) or not isinstance(value, int | float):
+        return
+    inf = allows_inf(setting)
+    if (math.isinf(value) and inf) or value in allowed:
+        return
+    name = setting.name
+    raise ValueError(f"{prefix}setting {name!r} must be in {allowed}{' or inf' if inf else ''}, "
+                     f"got {name}={value}")
 
 
 def check_finite(setting: Setting, value: Any, prefix: str = "") -> None:
@@ -388,6 +468,10 @@ class Learner:
     # use another value, and results written before the setting existed ran at this value
     paper_values: ClassVar[dict[str, Any]] = {}
 
+    # the sane range of each number setting, by name (``SETTING_RANGES``; a float setting not
+    # listed: ``FLOAT_RANGE``); a learner extends it: ``ranges = {**Learner.ranges, ...}``
+    ranges: ClassVar[dict[str, Range]] = SETTING_RANGES
+
     # settings added after results began recording every setting, with the value the results
     # written before them ran at: reports read a result that lacks one at that value, not at
     # today's default (which may differ)
@@ -434,6 +518,18 @@ class Learner:
         names = {s.name for s in cls.settings()}
         return {name: getattr(spec, name) for name in cls.BASE_RECIPE if name in names}
 
+    @classmethod
+    def range_of(cls, name: str) -> Range | None:
+        """The sane range of setting ``name``: its entry in ``ranges``, ``FLOAT_RANGE`` for a
+        float setting without one, else None (an integer without one still has
+        ``check_bound``'s bound; a string or a flag has none)."""
+        setting = next((s for s in cls.settings() if s.name == name), None)
+        return None if setting is None else cls._range(setting)
+
+    @classmethod
+    def _range(cls, setting: Setting) -> Range | None:
+        return cls.ranges.get(setting.name, FLOAT_RANGE if setting.type is float else None)
+
     def get_params(self) -> dict[str, Any]:
         return {s.name: getattr(self, s.name) for s in self.settings()}
 
@@ -455,6 +551,12 @@ class Learner:
                 raise ValueError(
                     f"{self.name}: buffer ({self.buffer}) is smaller than n_replay ({self.n_replay})"
                 )
+
+    def _check_ranges(self) -> None:
+        """Every number setting within its sane range (``range_of``), checked last: after the
+        method's own checks, so that their messages stay."""
+        for s in self.settings():
+            check_range(s, getattr(self, s.name), self._range(s), f"{self.name}: ")
 
     def __init__(self, *, seed: int = 0):
         self.seed = seed
@@ -483,6 +585,7 @@ class Learner:
                                    "not end the program") from None
             if type(self).__init__ is wrapped:  # outermost constructor only
                 self._check_settings()
+                self._check_ranges()
                 self._reset()
 
         for name in GUARDED:
@@ -984,9 +1087,13 @@ def state_problem(cls: type[Learner], sd: Any) -> str | None:
     if not isinstance(params, dict):
         return "params must be a table of settings"
     known = {s.name for s in cls.settings()}
-    unknown = sorted(set(params) - known)
+    unknown = sorted(set(params) - known, key=str)
     if unknown:
         return f"unknown setting(s) {', '.join(map(str, unknown))} in params"
+    # every setting, but those added after the state was written (they take their old value)
+    missing = sorted(known - set(params) - set(cls.added_settings))
+    if missing:
+        return f"params lacks setting(s) {', '.join(missing)}"
     try:
         cls(**params)
     except (ValueError, TypeError) as e:

@@ -121,8 +121,8 @@ class FlatSGD(SGD):
     @torch.no_grad()
     def step(self, params: list[torch.Tensor]) -> None:
         (p,) = params
-        if not _FUSED or p.grad is None:
-            return super().step(params)
+        if not _FUSED or p.grad is None or not self.momentum:  # the fused kernel takes no
+            return super().step(params)  # momentum buffer at momentum 0: head.SGD's step
         if self.buffers[0] is None or self.buffers[0].shape != p.shape:
             self.buffers[0] = self._fit(self.buffers[0], p.shape)  # zeros: m * 0 + d == d
         torch._fused_sgd_([p], [p.grad], [self.buffers[0]], weight_decay=self.weight_decay,
@@ -155,17 +155,13 @@ class BayesHead(Learner):
     added_settings: ClassVar[dict[str, Any]] = {"fisher_decay": 0.01}
 
     def _conditions(self) -> list[tuple[str, bool, str]]:
-        """(setting, valid, requirement) triples checked by ``_check_settings``."""
+        """(setting, valid, requirement) triples checked by ``_check_settings``; the number
+        settings' ranges (lambda1, temperature, prior_scale, mc_samples, lr, momentum,
+        weight_decay, ...) are ``Learner.ranges``, checked after these."""
         return [
-            ("lambda1", self.lambda1 >= 0, ">= 0"),
-            ("temperature", self.temperature > 0, "> 0"),
             ("fisher_decay", 0 < self.fisher_decay <= 1, "in (0, 1]"),
-            ("prior_scale", self.prior_scale > 0, "> 0"),
-            ("mc_samples", self.mc_samples >= 1, ">= 1"),
             ("refresh_every", self.refresh_every >= 1, ">= 1"),
-            ("lr", self.lr > 0, "> 0"),
-            ("max_grad_norm", self.max_grad_norm > 0, "> 0"), ("momentum", 0 <= self.momentum < 1, "in [0, 1)"),
-            ("weight_decay", self.weight_decay >= 0, ">= 0"),
+            ("max_grad_norm", self.max_grad_norm > 0, "> 0"),
             ("base_epochs", self.base_epochs >= 0, ">= 0"),
             ("base_batch_size", self.base_batch_size >= 1, ">= 1")]
 

@@ -156,6 +156,8 @@ class BayesMLP:
         """evidence / (1 - (1 - decay)^steps): the bias-corrected EMA, times the evidence."""
         if not self.fisher_steps:
             return 0.0
+        if self.fisher_decay >= 1:  # the EMA is the last estimate: no bias (log1p(-1) raises)
+            return self.evidence
         return self.evidence / -math.expm1(self.fisher_steps * math.log1p(-self.fisher_decay))
 
     def precision(self, out: torch.Tensor | None = None) -> torch.Tensor:

@@ -214,10 +214,9 @@ class CIOSL(BayesHead):
                 "selection": "uniform" if ordering == "iid" else "uapn"}
 
     def _conditions(self) -> list[tuple[str, bool, str]]:
-        return [*super()._conditions(), ("lambda2", self.lambda2 >= 0, ">= 0"),
+        return [*super()._conditions(),  # lambda2, train_draws: their ranges (Learner.ranges)
                 ("n_replay", self.n_replay >= 0, ">= 0"),
                 ("n_distill", self.n_distill >= 0, ">= 0"),
-                ("train_draws", self.train_draws >= 1, ">= 1"),
                 ("candidates", self.candidates >= 0, ">= 0")]
 
     # ------------------------------------------------------------------ state

@@ -82,9 +82,8 @@ class EWC(FineTune):
 
     def _check_settings(self) -> None:
         super()._check_settings()
-        if not (self.lam >= 0 and self.refresh_every >= 1 and self.max_penalty_step > 0):
-            raise ValueError(f"{self.name}: need lam >= 0, refresh_every >= 1 and "
-                             "max_penalty_step > 0")
+        if self.refresh_every < 1:  # lam and max_penalty_step: their ranges (Learner.ranges)
+            raise ValueError(f"{self.name}: need refresh_every >= 1, got {self.refresh_every}")
 
     # ------------------------------------------------------------------ importance
     def _importance(self, logits: torch.Tensor, grads: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -41,7 +41,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from ciosl.learners.base import register
+from ciosl.learners.base import Range, register
 from ciosl.learners.finetune import FineTune
 from ciosl.learners.head import MAX_GRAD_NORM
 
@@ -76,6 +76,9 @@ class ExStream(FineTune):
         "seed": "seed of the weight init, the base-init shuffling and the replay draws",
     }
     conformance_settings: ClassVar[list[dict]] = [{"buffer": 16}, {"buffer": 5, "n_replay": 4}]
+    # a full class caches its (n_c, n_c) float32 distances, n_c up to buffer (one class): 400 MB
+    # at 10000, and 4 TB at the generic integer bound 10^6
+    ranges: ClassVar[dict[str, Range]] = {**FineTune.ranges, "buffer": Range(1, 10000)}
 
     def __init__(self, *, buffer: int = 1000, n_replay: int = 16, lr: float = 0.01,
                  momentum: float = 0.9, weight_decay: float = 1e-5,

@@ -55,10 +55,10 @@ class FineTune(Learner):
 
     def _check_settings(self) -> None:
         super()._check_settings()
-        if (self.lr <= 0 or self.base_batch_size < 1 or self.base_epochs < 0
-                or not self.max_grad_norm > 0):
-            raise ValueError(f"{self.name}: need lr > 0, max_grad_norm > 0, "
-                             "base_batch_size >= 1, base_epochs >= 0")
+        # lr, momentum and weight_decay: their ranges (Learner.ranges)
+        if self.base_batch_size < 1 or self.base_epochs < 0 or not self.max_grad_norm > 0:
+            raise ValueError(f"{self.name}: need max_grad_norm > 0, base_batch_size >= 1, "
+                             "base_epochs >= 0")
 
     def _init_state(self, dim: int) -> None:
         self.net = MLP(dim, 0, HIDDEN, generator=self.torch_rng)  # output grows per class

@@ -76,9 +76,9 @@ class GDumb(Learner):
 
     def _check_settings(self) -> None:
         super()._check_settings()
-        if self.buffer < 1 or self.retrain_epochs < 1 or self.batch_size < 1 or self.lr <= 0:
-            raise ValueError(f"{self.name}: need buffer >= 1, retrain_epochs >= 1, "
-                             "batch_size >= 1 and lr > 0")
+        if self.buffer < 1 or self.retrain_epochs < 1 or self.batch_size < 1:  # lr: its range
+            raise ValueError(f"{self.name}: need buffer >= 1, retrain_epochs >= 1 and "
+                             "batch_size >= 1")
 
     def _init_state(self, dim: int) -> None:
         self.memory = ReplayMemory(self.buffer, dim, replacement="class_balanced_random")

@@ -74,8 +74,8 @@ class Offline(Learner):
 
     def _check_settings(self) -> None:
         super()._check_settings()
-        if self.epochs < 1 or self.batch_size < 1 or self.lr <= 0:
-            raise ValueError(f"{self.name}: need epochs >= 1, batch_size >= 1 and lr > 0")
+        if self.epochs < 1 or self.batch_size < 1:  # lr: its range (Learner.ranges)
+            raise ValueError(f"{self.name}: need epochs >= 1 and batch_size >= 1")
 
     def _init_state(self, dim: int) -> None:
         self.Z = torch.zeros(64, dim)  # (capacity, d), doubled when full; rows [:n] used

@@ -102,8 +102,7 @@ class RPLDA(Learner):
         if type(D) is not int or not 1 <= D <= MAX_PROJ_DIM:  # not bool, not a numpy integer
             raise ValueError(f"{self.name}: proj_dim must be a Python int in [1, {MAX_PROJ_DIM}]"
                              f", got proj_dim={D!r} ({type(D).__name__})")
-        if not 0 <= self.shrinkage <= 1:
-            raise ValueError(f"{self.name}: shrinkage must be in [0, 1], got {self.shrinkage}")
+        # shrinkage: its range, [0, 1] (Learner.ranges)
 
     # ------------------------------------------------------------------ state
     def _init_state(self, dim: int) -> None:

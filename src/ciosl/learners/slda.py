@@ -51,11 +51,6 @@ class SLDA(Learner):
         self.streaming_update = streaming_update
         super().__init__(seed=seed)
 
-    def _check_settings(self) -> None:
-        super()._check_settings()
-        if not 0 <= self.shrinkage <= 1:
-            raise ValueError(f"{self.name}: shrinkage must be in [0, 1], got {self.shrinkage}")
-
     def _init_state(self, dim: int) -> None:
         self.mu = torch.zeros(0, dim, dtype=torch.float64)  # (K, d)
         self.counts = torch.zeros(0, dtype=torch.int64)  # (K,)
