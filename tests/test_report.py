@@ -17,6 +17,7 @@ import torch
 from ciosl.cli import main
 from ciosl.data.datasets import get_spec
 from ciosl.evaluation.experiment import ExperimentSpec, resolve_settings, run_experiment
+from ciosl.evaluation.metrics import mean_matrix, mean_std, omega_all, summary
 from ciosl.learners.base import get_method
 from ciosl.report.build import write_report
 from ciosl.report.results import load_entries
@@ -39,9 +40,34 @@ def template(tmp_path_factory) -> dict:
                                          seeds=[0, 1], limit_per_class=10, cache_dir=cache))
 
 
+def summarise(data: dict) -> dict:
+    """``data`` with every summary recomputed from its runs, as ``ciosl run`` writes them (the
+    report refuses a result whose summaries its runs contradict)."""
+    runs = data["runs"]
+    events = data["omega_all"].get("events", "all")
+    for run in runs:
+        run["omega_all"] = omega_all(run["accuracy"], run["accuracy_offline"], events=events)
+    mean, std = mean_std([run["omega_all"] for run in runs])
+    data["omega_all"] = {**data["omega_all"], "mean": mean, "std": std}
+    data["final_accuracy"] = summary([run["accuracy"][-1] for run in runs])
+    for key in ("forgetting", "backward_transfer"):
+        if key in data:
+            data[key] = summary([run.get(key) for run in runs])
+    if data.get("accuracy_matrix") is not None:
+        data["accuracy_matrix"] = mean_matrix([run.get("accuracy_matrix") for run in runs])
+    data.update(seeds=[run["seed"] for run in runs],
+                peak_memory_bytes=max(run["peak_memory_bytes"] for run in runs),
+                samples_per_second=sum(r["samples_per_second"] for r in runs) / len(runs))
+    return data
+
+
 def fake(template: dict, folder: Path, method: str, ordering: str, omega: float,
          name: str | None = None, regime: str | None = None, **overrides) -> Path:
-    """A result as `ciosl run --method METHOD --set ...` writes it, with Omega_all ``omega``."""
+    """A result as `ciosl run --method METHOD --set ...` writes it, with Omega_all ``omega``
+    ± 0.01 over its two runs (their accuracy / offline accuracy is ``omega`` at the first and
+    last events, ``omega`` ± a step between) and the final accuracy ``omega`` times the
+    offline learner's. Its runs keep the template's accuracy matrices, not its class counts
+    (which give the template's accuracies)."""
     cls = get_method(method)
     settings = {s.name: s.default for s in cls.settings() if s.name != "seed"}  # as a run
     settings.update(resolve_settings(cls, get_spec("digits"), ordering, None,
@@ -49,13 +75,16 @@ def fake(template: dict, folder: Path, method: str, ordering: str, omega: float,
     data = copy.deepcopy(template)
     data.update(method=method, ordering=ordering,
                 violates_single_pass=cls.violates_single_pass or regime == "batch",
-                settings={**settings, "seed": "per run"},
-                omega_all={"mean": omega, "std": 0.01, "events": "after_base"})
+                settings={**settings, "seed": "per run"})
     data.pop("path", None)
-    for run in data["runs"]:
-        run["accuracy"] = [min(1.0, a * omega) for a in run["accuracy_offline"]]
-    last = [run["accuracy"][-1] for run in data["runs"]]
-    data["final_accuracy"] = {"mean": sum(last) / len(last), "std": 0.0}
+    for run, sign in zip(data["runs"], (-1, 1), strict=True):
+        T = len(run["accuracy_offline"])  # Omega_all averages events 1..T-1, T-2 of them inside
+        step = sign * 0.01 / 2 ** 0.5 * (T - 1) / (T - 2)  # the two runs' std: 0.01
+        ratios = [omega] + [omega + step] * (T - 2) + [omega]
+        run["accuracy"] = [min(1.0, max(0.0, a * r))
+                           for a, r in zip(run["accuracy_offline"], ratios, strict=True)]
+        del run["class_counts"], run["matrix_columns"]
+    summarise(data)
     if regime is not None:
         data["regime"] = {**data["regime"], "name": regime}
     name = name or "_".join([ordering, method, *(f"{k}{v}" for k, v in overrides.items()),
@@ -251,7 +280,8 @@ def test_old_results_get_the_same_omega_all_definition_as_new_ones(template, tmp
         run.pop("omega_events", None)
     data["omega_all"] = {"mean": 0.6, "std": 0.0}  # the old format: no label
     data["settings"] = {"seed": "per run"}  # the old format: only non-default settings
-    old.write_text(json.dumps(data))
+    old.write_text(json.dumps(summarise(data)))
+    assert data["omega_all"] == pytest.approx({"mean": 0.6, "std": 0.0})  # as the old runner
     fake(template, tmp_path, "tinyer", "class_iid", 0.9)  # a new result
 
     report = write_report(tmp_path, fmt="md")
@@ -448,11 +478,11 @@ def test_forgetting_table_heatmap_single_runs_and_older_results(template, tmp_pa
     for run in older["runs"]:
         for key in ("class_counts", "matrix_columns", "accuracy_matrix", "forgetting",
                     "backward_transfer", "final_class_accuracy"):
-            run.pop(key)
+            run.pop(key, None)
     (tmp_path / "class_iid_slda.json").write_text(json.dumps(older))
     single = json.loads(fake(template, tmp_path, "tinyer", "class_iid", 0.9).read_text())
-    single.update(runs=single["runs"][:1], seeds=single["seeds"][:1])
-    (tmp_path / "class_iid_tinyer.json").write_text(json.dumps(single))
+    single["runs"] = single["runs"][:1]
+    (tmp_path / "class_iid_tinyer.json").write_text(json.dumps(summarise(single)))
     report = write_report(tmp_path, fmt="md", out=tmp_path / "out" / "report.md")
     forgetting = rows(next(t for t in report.tables if t.kind == "forgetting"))
     bwt = rows(next(t for t in report.tables if t.kind == "bwt"))
@@ -463,7 +493,7 @@ def test_forgetting_table_heatmap_single_runs_and_older_results(template, tmp_pa
     assert sorted(run["final_class_accuracy"]) == [str(c) for c in range(10)]
     assert table["NCM"] == [f"{f['mean']:.4f} ± {f['std']:.4f}", f"{b['mean']:.4f} ± {b['std']:.4f}"]
     assert table["Deep SLDA"] == ["–", "–"]
-    assert table["TinyER"] == [f"{f['mean']:.4f}", f"{b['mean']:.4f}"]  # one run
+    assert table["TinyER"] == [f"{run['forgetting']:.4f}", f"{run['backward_transfer']:.4f}"]
     main = rows(next(t for t in report.tables if t.kind == "main"))
     assert "±" not in main["TinyER"][0] and "±" in main["NCM"][0]
     classes = rows(next(t for t in report.tables if t.kind == "classes"))

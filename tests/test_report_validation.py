@@ -56,6 +56,36 @@ def _drop_last(key: str):
     return change
 
 
+def _drop_from_run_1(key: str):
+    def change(data: dict) -> None:
+        del data["runs"][1][key]
+    return change
+
+
+def _drop_std(key: str):
+    def change(data: dict) -> None:
+        del data[key]["std"]
+    return change
+
+
+def _one_run_three_times(data: dict) -> None:
+    data["runs"] = [copy.deepcopy(data["runs"][0]) for _ in range(3)]
+    data["seeds"] = [0, 0, 0]
+
+
+PER_EVENT = ("events", "n_test", "accuracy", "accuracy_offline", "class_counts",
+             "accuracy_matrix")
+
+
+def _fewer_events_in_run_1(data: dict) -> None:
+    """Run 1 cut to its first 4 testing events, consistently (its own lists agree)."""
+    run = data["runs"][1]
+    for key in PER_EVENT:
+        run[key] = run[key][:4]
+    run["n_base"] += run["n_stream"] - run["events"][-1]  # the stream ends at its last event
+    run["n_stream"] = run["events"][-1]
+
+
 # (kind, change made to a copy of the good result: {dotted path: value} or a function, the
 # warning's fragment after "malformed result: ")
 BAD_RESULTS = [
@@ -78,7 +108,7 @@ BAD_RESULTS = [
      "omega_all.events must be one of after_base, all, got 'sometimes'"),
     ("negative-omega", {"omega_all.mean": -0.5}, "omega_all.mean must be >= 0, got -0.5"),
     ("run-omega-negative", {"runs.0.omega_all": -1},
-     "runs[0].omega_all must be a finite number >= 0"),
+     "runs[0].omega_all must be >= 0, got -1"),
     ("final-accuracy-above-1", {"final_accuracy.mean": 7.5},
      "final_accuracy.mean must be a number in [0, 1], got 7.5"),
     ("forgetting-out-of-range", {"forgetting.mean": 3.0},
@@ -97,6 +127,108 @@ BAD_RESULTS = [
     ("settings-not-object", {"settings": [1, 2]}, "settings has the wrong type, got [1, 2]"),
     ("nested-deep", {"settings": _nested(100)},
      "settings" + ".x" * 15 + " is nested more than 16 levels deep"),
+    # shapes: every list of lists is rectangular, with the shape the events imply
+    ("ragged-matrix", {"accuracy_matrix": [[0.1], [0.2, 0.3, 0.4]]},
+     "accuracy_matrix must have one row per testing event (5), has 2"),
+    ("ragged-matrix-row", {"accuracy_matrix.1": [0.2, 0.3]},
+     "accuracy_matrix[1] must have one value per matrix column (5), has 2"),
+    ("ragged-run-matrix", {"runs.0.accuracy_matrix.2": [0.5]},
+     "runs[0].accuracy_matrix[2] must have one value per matrix column (5), has 1"),
+    ("class-counts-not-counts", {"runs.0.class_counts.0.1": [40, 36]},
+     "runs[0].class_counts[0]['1'] must be [correct, n], 0 <= correct <= n, n >= 1, "
+     "got [40, 36]"),
+    ("empty-run", {"runs.1": {}},
+     "runs[1] has no omega_all, nor accuracy and accuracy_offline to give it"),
+    ("run-missing-a-field", _drop_from_run_1("accuracy"),
+     "runs[1] does not record 'accuracy', runs[0] does"),
+    ("matrix-without-the-runs-matrices", _drop_from_run_1("accuracy_matrix"),
+     "accuracy_matrix is [[0.9442488262910798, None"),
+    ("forgetting-without-the-runs-forgetting", _drop_from_run_1("forgetting"),
+     "forgetting.mean is 0.06381777905 but the runs' forgetting give None"),
+    ("runs-with-different-events", _fewer_events_in_run_1,
+     "runs[1] has 4 testing events, runs[0] has 5"),
+    ("run-ends-before-its-stream", {"runs.1.events": [0, 1, 2, 3, 4]},
+     "runs[1].events must end at the end of the stream (n_stream = 96), got 4"),
+    ("runs-with-different-classes", {"runs.1.final_class_accuracy.10": 0.5},
+     "runs[1].final_class_accuracy has class '10', runs[0]'s has no class '10'"),
+    ("events-null", {"runs.0.events": None},
+     "runs[0].events must be a list of stream positions"),
+    # stored summaries are recomputed from the runs: a contradiction names both values
+    ("omega-mean-contradicts-runs", {"omega_all.mean": 0.99},
+     "omega_all.mean is 0.99 but the runs' omega_all give 1.686948313"),
+    ("omega-std-contradicts-runs", {"omega_all.std": 0.5},
+     "omega_all.std is 0.5 but the runs' omega_all give 0.07162853649"),
+    ("omega-absurd", {"omega_all.mean": 1e300},
+     "omega_all.mean must be <= 100 (a mean of accuracy / offline accuracy), got 1e+300"),
+    ("run-omega-absurd", {"runs.1.omega_all": 1e300},
+     "runs[1].omega_all must be <= 100 (a mean of accuracy / offline accuracy), got 1e+300"),
+    ("std-missing-but-runs-differ", _drop_std("omega_all"),
+     "omega_all.std is 0 but the runs' omega_all give 0.07162853649"),
+    ("run-omega-contradicts-accuracies", {"runs.0.omega_all": 0.2},
+     "runs[0].omega_all is 0.2 but its accuracy / accuracy_offline (after_base events) give "
+     "1.636299289"),
+    ("run-omega-over-other-events", {"runs.0.omega_events": "all"},
+     "runs[0].omega_events is 'all' but omega_all.events is 'after_base'"),
+    ("final-accuracy-contradicts-runs", {"final_accuracy.mean": 0.99},
+     "final_accuracy.mean is 0.99 but the runs' accuracy[-1] give 0.8444444444"),
+    ("final-std-contradicts-runs", {"final_accuracy.std": 0.3},
+     "final_accuracy.std is 0.3 but the runs' accuracy[-1] give 0"),
+    ("last-accuracy-contradicts-class-counts", {"runs.0.accuracy.4": 0.25},
+     "runs[0].accuracy[4] is 0.25 but its class_counts give 0.8444444444"),
+    ("forgetting-contradicts-runs", {"forgetting.mean": 0.5},
+     "forgetting.mean is 0.5 but the runs' forgetting give 0.06381777905"),
+    ("run-forgetting-contradicts-matrix", {"runs.0.forgetting": 0.5},
+     "runs[0].forgetting is 0.5 but its accuracy_matrix gives 0.04513888889"),
+    ("matrix-contradicts-runs", {"accuracy_matrix.0.0": 0.5},
+     "accuracy_matrix[0][0] is 0.5 but the runs' accuracy_matrix give 0.9442488263"),
+    ("run-matrix-contradicts-class-counts", {"runs.0.accuracy_matrix.0.0": 0.5},
+     "runs[0].accuracy_matrix[0][0] is 0.5 but its class_counts give 0.9166666667"),
+    ("class-accuracy-contradicts-class-counts", {"runs.0.final_class_accuracy.3": 0.5},
+     "runs[0].final_class_accuracy['3'] is 0.5 but its class_counts give 0.7567567568"),
+    ("n-test-contradicts-class-counts", {"runs.0.n_test.0": 70},
+     "runs[0].n_test[0] is 70 but its class_counts give 72"),
+    ("peak-memory-contradicts-runs", {"peak_memory_bytes": 1},
+     "peak_memory_bytes is 1 but the runs' peak_memory_bytes give 12577"),
+    # seeds: distinct integers, one per run, each run's own
+    ("seeds-repeated", _one_run_three_times,
+     "seeds lists seed 0 more than once (a repeated seed repeats the same run)"),
+    ("seeds-not-a-list", {"seeds": "xyz"},
+     "seeds must be a list of integers >= 0, got 'xyz'"),
+    ("seed-not-an-integer", {"seeds.1": "a"},
+     "seeds must be a list of integers >= 0, got [0, 'a']"),
+    ("seeds-fewer-than-runs", {"seeds": [0]}, "seeds must have one seed per run (2), has 1"),
+    ("seeds-not-the-runs-seeds", {"seeds": [0, 5]}, "runs[1].seed is 1 but seeds[1] is 5"),
+    # types and ranges of every field the report reads
+    ("negative-n-train", {"n_train": -5}, "n_train must be an integer >= 1, got -5"),
+    ("negative-n-test", {"n_test": -1}, "n_test must be an integer >= 1, got -1"),
+    ("feature-dim-text", {"feature_dim": "abc"},
+     "feature_dim must be an integer >= 1, got 'abc'"),
+    ("run-n-test-text", {"runs.0.n_test": ["a", "b"]},
+     "runs[0].n_test[0] must be an integer >= 1, got 'a'"),
+    ("run-n-test-negative", {"runs.0.n_test": [-1, -2]},
+     "runs[0].n_test[0] must be an integer >= 1, got -1"),
+    ("run-n-test-above-n-test", {"runs.0.n_test.0": 361},
+     "runs[0].n_test[0] must be <= n_test (360), got 361"),
+    ("unknown-regime", {"regime": "sideways"},
+     "regime must be one of batch, online, streaming, got 'sideways'"),
+    ("regime-name-number", {"regime": {"name": 123}},
+     "regime.name must be one of batch, online, streaming, got 123"),
+    ("regime-batch-size-zero", {"regime.batch_size": 0},
+     "regime.batch_size must be an integer >= 1, got 0"),
+    ("batch-regime-single-pass", {"regime.name": "batch"},
+     "violates_single_pass is false but the batch regime breaks single pass"),
+    ("single-pass-method-violates", {"violates_single_pass": True},
+     "violates_single_pass is true but method 'ncm' keeps single pass"),
+    ("setting-an-object", {"settings.temperature": {"x": 1}},
+     "settings.temperature must be a string, a finite number, true, false, null or a list of "
+     "them, got {'x': 1}"),
+    ("setting-beyond-64-bits", {"settings.temperature": 10 ** 30},
+     "settings.temperature must be a string, a finite number, true, false, null or a list of "
+     "them, got 1000000000000000000000000000000"),
+    ("sweep-set-pairs", {"sweep": {"variant": "default", "set": [["a", 1]]}},
+     "sweep.set must be an object, got [['a', 1]]"),
+    ("sweep-set-text", {"sweep": {"variant": "default", "set": "abc"}},
+     "sweep.set must be an object, got 'abc'"),
 ]
 
 
@@ -138,6 +270,87 @@ def test_a_bad_result_is_skipped_with_a_warning_naming_the_file_and_the_field(
     report = (folder / "report.md").read_text()
     assert "1 results from" in report  # the good one, alone
     assert "Left out: bad.json: malformed result" in report
+
+
+def test_a_result_that_fails_in_a_way_no_check_foresaw_is_skipped_by_name(
+        good, tmp_path, capsys, monkeypatch):
+    """The safety net: any exception while a result is read or classified skips that file
+    with a warning naming it; the report goes on with the rest."""
+    from ciosl.report import results
+
+    real = results.make_entry
+
+    def make_entry(data, path, *args):
+        if path.name == "bad.json":
+            raise RuntimeError("nobody saw this coming")
+        return real(data, path, *args)
+
+    monkeypatch.setattr(results, "make_entry", make_entry)
+    folder = tmp_path / "results"
+    _write(folder, "good.json", good)
+    _write(folder, "bad.json", good)
+    rc, out, err = _report(folder, capsys)
+    assert rc == 0 and "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert lines == [f"warning: skipped {folder}/bad.json: malformed result (RuntimeError: "
+                     "nobody saw this coming)"], lines
+    assert "1 results from" in (folder / "report.md").read_text()
+
+
+def test_a_method_name_in_a_result_never_imports_a_module(good, tmp_path, capsys, monkeypatch):
+    """``module:Class`` is how ``ciosl run --method`` loads a learner; read from a result file
+    it is only a name (importing it would run code the results folder chose)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "planted_module.py").write_text(
+        "import pathlib\npathlib.Path('imported').write_text('yes')\n")
+    folder = tmp_path / "results"
+    _write(folder, "good.json", good)
+    _write(folder, "named.json", {**good, "method": "planted_module:Learner"})
+    rc, out, err = _report(folder, capsys)
+    assert rc == 0 and not (tmp_path / "imported").exists()
+    assert "2 results from" in (folder / "report.md").read_text()
+
+
+def test_every_shipped_result_validates():
+    """The checks refuse no result ``ciosl run`` / ``ciosl sweep`` wrote (docs/results)."""
+    from ciosl.report.results import looks_like_result, result_problem
+
+    docs = Path(__file__).resolve().parent.parent / "docs" / "results"
+    checked = 0
+    for path in sorted(docs.rglob("*.json")):
+        data = json.loads(path.read_text())
+        if looks_like_result(data):
+            assert result_problem(data) is None, path
+            checked += 1
+    assert checked >= 100
+
+
+def test_a_real_result_validates(good):
+    """The model of every bad result is itself good, and so are the same result written over
+    every event (``--omega-events all``) and cut to a single run."""
+    from ciosl.evaluation.metrics import mean_std, omega_all
+    from ciosl.report.results import result_problem
+
+    assert result_problem(good) is None
+    every = copy.deepcopy(good)
+    for run in every["runs"]:
+        run["omega_all"] = omega_all(run["accuracy"], run["accuracy_offline"], events="all")
+        run["omega_events"] = "all"
+    mean, std = mean_std([run["omega_all"] for run in every["runs"]])
+    every["omega_all"] = {"mean": mean, "std": std, "events": "all"}
+    assert result_problem(every) is None
+    single = copy.deepcopy(good)
+    del single["runs"][1:], single["seeds"][1:]
+    run = single["runs"][0]
+    single["omega_all"].update(mean=run["omega_all"], std=0.0)
+    single["final_accuracy"] = {"mean": run["accuracy"][-1], "std": 0.0}
+    for key in ("forgetting", "backward_transfer"):
+        single[key] = {"mean": run[key], "std": 0.0}
+    single.update(accuracy_matrix=run["accuracy_matrix"],
+                  peak_memory_bytes=run["peak_memory_bytes"],
+                  samples_per_second=run["samples_per_second"])
+    assert result_problem(single) is None
 
 
 # (kind, content of x.json next to a good result, the warning's fragment)
