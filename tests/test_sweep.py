@@ -422,3 +422,17 @@ def test_an_extended_folder_divides_every_method_by_its_one_offline_reference(tm
     acc = slda["runs"][0]["accuracy"]
     assert slda["omega_all"]["mean"] == pytest.approx(
         np.mean(np.divide(acc[1:], folder_reference[1:])))
+
+
+def test_a_partial_grid_swept_into_a_folder_keeps_the_folder_grid_text(tmp_path):
+    """The grid file a sweep leaves for the report is never replaced by another grid's (a
+    resumed subset): each grid's text stays."""
+    from ciosl.evaluation.sweep import write_grid_text
+
+    whole = 'name = "g"\nmethods = ["ncm", "slda"]\n'
+    part = 'name = "g"\nmethods = ["ncm"]\n'
+    first = write_grid_text(tmp_path, "g", whole)
+    assert write_grid_text(tmp_path, "g", whole) == first  # the same grid: the same file
+    second = write_grid_text(tmp_path, "g", part)
+    assert first.read_text() == whole and second.read_text() == part and second != first
+    assert second.name.startswith("sweep-g-") and second.suffix == ".toml"

@@ -68,7 +68,13 @@ from ciosl.evaluation.experiment import (
 )
 from ciosl.evaluation.grid import Cell, Grid
 from ciosl.evaluation.protocol import OfflineSettings
-from ciosl.fileio import atomic_write_bytes, atomic_write_json, check_writable, read_json
+from ciosl.fileio import (
+    atomic_write_bytes,
+    atomic_write_json,
+    check_writable,
+    read_json,
+    read_text,
+)
 from ciosl.learners.base import Learner
 
 EXECUTORS = ("local", "ray")
@@ -433,6 +439,25 @@ def max_local_workers() -> int:
     return 4 * default_workers()
 
 
+def write_grid_text(out: Path, name: str, text: str) -> Path:
+    """Leave the grid's text next to its results (``sweep-<name>.toml``, read by the report).
+    Another grid's text already there is kept: a sweep of another (say a partial) grid into the
+    same folder writes its own as ``sweep-<name>-<sha256 prefix>.toml``."""
+    path = out / f"sweep-{name}.toml"
+    old = read_text_or_none(path)
+    if old is not None and old != text:
+        path = out / f"sweep-{name}-{hashlib.sha256(text.encode()).hexdigest()[:8]}.toml"
+    atomic_write_bytes(path, text.encode())
+    return path
+
+
+def read_text_or_none(path: Path) -> str | None:
+    try:
+        return read_text(path, "grid file")
+    except (OSError, ValueError):  # absent, not a regular file, not UTF-8: replaced
+        return None
+
+
 def run_sweep(grid: Grid, *, executor: str = "local", workers: int | None = None,
               address: str | None = None, monitor: Monitor | None = None,
               force: bool = False) -> SweepSummary:
@@ -458,7 +483,7 @@ def run_sweep(grid: Grid, *, executor: str = "local", workers: int | None = None
     for info in infos:  # no cell file of another experiment is replaced: refused before any work
         check_cell_file(grid, out, info, force)
     name = re.sub(r"[^A-Za-z0-9_.+-]+", "-", grid.name).strip("-") or "grid"
-    atomic_write_bytes(out / f"sweep-{name}.toml", grid.text.encode())  # read by the report
+    write_grid_text(out, name, grid.text)
 
     streams: dict[tuple, _Stream] = {}
     skipped = 0
