@@ -3,6 +3,7 @@ reads (regular files only, at most a cap)."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat
@@ -22,6 +23,7 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
 
 
 def _atomic_write_bytes(path: Path, data: bytes) -> Path:
+    path = _destination(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -36,6 +38,22 @@ def _atomic_write_bytes(path: Path, data: bytes) -> Path:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    return path
+
+
+def _destination(path: Path) -> Path:
+    """Where a write to ``path`` goes: a symbolic link's target (the link stays a link), and
+    only ever a regular file: a FIFO, a device, a folder or a socket there is refused, never
+    replaced by the rename (an ``OSError`` naming it)."""
+    if path.is_symlink():
+        path = Path(os.path.realpath(path))
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return path
+    if not stat.S_ISREG(mode):
+        raise OSError(errno.EEXIST, f"not a regular file ({kind_of(mode)}): refused to "
+                      "replace it", str(path))
     return path
 
 

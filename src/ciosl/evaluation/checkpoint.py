@@ -119,7 +119,8 @@ def load_checkpoint(path: str | Path, ident: str) -> dict[str, Any] | None:
         mine, theirs = json.loads(ident), json.loads(ck["ident"])
         diff = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
         raise ValueError(f"checkpoint {path} was written for a different experiment (differs in: "
-                         f"{', '.join(diff)}); delete it or run without --resume")
+                         f"{', '.join(diff)}); delete it, or run without --resume and with --force "
+                         "to start over")
     set_global_rng_state(ck["rng"])
     return ck
 

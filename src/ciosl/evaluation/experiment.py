@@ -269,6 +269,20 @@ def dataset_slug(dataset: str) -> str:
     return f"features-{_safe(path.stem)}-{digest}"
 
 
+MAX_STEM_BYTES = 200  # + ".ckpt" and a temporary's ".NAME.XXXXXXXX.tmp": within 255 bytes
+
+
+def fit_name(stem: str) -> str:
+    """``stem`` as a file name's stem that every file system here holds (255 bytes with the
+    suffixes and temporaries added): a longer one (long variant names, setting values or file
+    names) keeps its first bytes and gets a hash of the whole, so two never collide."""
+    raw = stem.encode()
+    if len(raw) <= MAX_STEM_BYTES:
+        return stem
+    head = raw[:MAX_STEM_BYTES - 13].decode("utf-8", errors="ignore")
+    return f"{head}-{hashlib.sha256(raw).hexdigest()[:12]}"
+
+
 def result_path(out_dir: str | Path, dataset: str, ordering: str, method: str,
                 regime: str = "streaming", variant: str = "", extractor: str = "",
                 protocol: str = "") -> Path:
@@ -281,7 +295,8 @@ def result_path(out_dir: str | Path, dataset: str, ordering: str, method: str,
     middle = f"_{variant}" if variant else ""
     middle += f"_{protocol}" if protocol else ""
     name = dataset_slug(dataset) + (f"-{_safe(extractor)}" if extractor else "")
-    return Path(out_dir) / f"{name}_{ordering}_{exact_slug(method)}{middle}{suffix}.json"
+    stem = f"{name}_{ordering}_{exact_slug(method)}{middle}{suffix}"
+    return Path(out_dir) / f"{fit_name(stem)}.json"
 
 
 def protocol_slug(exp: ExperimentSpec, spec: DatasetSpec) -> str:
@@ -648,6 +663,9 @@ def run_experiment(exp: ExperimentSpec, *,
         remove_stale_temporaries(ckpt)
         if exp.resume and os.path.lexists(ckpt):
             check_regular(ckpt, "checkpoint")  # a FIFO there would block the reader
+        elif os.path.lexists(ckpt) and not exp.force:  # an interrupted run's finished work
+            raise ValueError(f"{ckpt} holds the work of an interrupted run of this result: "
+                             "--resume continues it; --force starts over, dropping it")
     saved = load_checkpoint(ckpt, ident) if ckpt is not None and exp.resume else None
     runs: list[dict] = list(saved["runs"]) if saved else []
     elapsed = float(saved["wall_seconds"]) if saved else 0.0

@@ -306,6 +306,8 @@ class _Parser:
                    else "regimes" if cell.regime is not None and "regime" in text
                    else dataset_key if "ordering" in text and "support" in text
                    else "extractor" if "extractor" in text
+                   else "weights" if grid.weights and (grid.weights in text
+                                                       or "--weights" in text)
                    else cell.origin)
             raise self.fail(key, f"cell {cell.id}: {text}") from None
 

@@ -37,6 +37,7 @@ import contextlib
 import hashlib
 import heapq
 import json
+import math
 import multiprocessing
 import os
 import re
@@ -57,6 +58,7 @@ from ciosl.evaluation.experiment import (
     aggregate,
     check_overwrite,
     check_range,
+    fit_name,
     load_features,
     method_source,
     offline_curve,
@@ -138,11 +140,11 @@ class SweepSummary:
 
 
 def run_file(out: Path, cell: Cell, seed: int) -> Path:
-    return Path(out) / "runs" / cell.id / f"seed-{seed}.json"
+    return Path(out) / "runs" / fit_name(cell.id) / f"seed-{seed}.json"
 
 
 def result_file(out: Path, cell: Cell) -> Path:
-    return Path(out) / f"{cell.id}.json"
+    return Path(out) / f"{fit_name(cell.id)}.json"
 
 
 def _fingerprint(obj: Any) -> str:
@@ -196,9 +198,27 @@ def prepare(grid: Grid) -> list[CellInfo]:
 def _finished(out: Path, info: CellInfo, seed: int) -> dict | None:
     saved = read_json(run_file(out, info.cell, seed))
     if (isinstance(saved, dict) and saved.get("fingerprint") == info.fingerprint
-            and saved.get("seed") == seed and isinstance(saved.get("run"), dict)):
+            and saved.get("seed") == seed and _whole_run(saved)):
         return saved
-    return None
+    return None  # missing, stale or damaged: computed again
+
+
+def _number(x: Any) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _whole_run(saved: dict) -> bool:
+    """What a cell's result is built from, present and of the right kind: a run file edited
+    or damaged into something else is computed again, not aggregated into an error."""
+    run = saved.get("run")
+    if not (isinstance(run, dict) and _number(saved.get("wall_seconds"))):
+        return False
+    acc, ref = run.get("accuracy"), run.get("accuracy_offline")
+    return (isinstance(acc, list) and isinstance(ref, list) and len(acc) == len(ref) >= 1
+            and all(_number(a) and 0 <= a <= 1 for a in acc)
+            and all(_number(r) and 0 < r <= 1 for r in ref[1:]) and _number(ref[0])
+            and all(_number(run.get(k)) for k in ("predict_seconds", "peak_memory_bytes"))
+            and isinstance(run.get("samples_per_second"), int | float))  # inf: too fast to time
 
 
 def check_cell_file(grid: Grid, out: Path, info: CellInfo, force: bool) -> None:

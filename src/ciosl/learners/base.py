@@ -930,8 +930,15 @@ class Learner:
         if cls is not Learner and method != cls.name:
             raise ValueError(f"{path} holds a {method!r} learner, not {cls.name!r}; load it with "
                              "ciosl.Learner.load")
+        if cls is Learner:  # a registered method only: a name in a file never imports a module
+            registered = available_methods()
+            if method not in registered:
+                raise ValueError(f"{path} holds a learner of method {method!r}, which is not "
+                                 "registered here (a learner of your own: import its module "
+                                 "first)")
+            cls = registered[method]
         try:
-            learner = (cls if cls is not Learner else get_method(method))(**blob["settings"])
+            learner = cls(**blob["settings"])
             learner.load_state_dict(blob["state"])
         except (ValueError, TypeError) as e:
             raise ValueError(f"{path}: {e}") from None

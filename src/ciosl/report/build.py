@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import re
+import stat
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ciosl.fileio import atomic_write_bytes
+from ciosl.fileio import atomic_write_bytes, kind_of, open_regular
 from ciosl.report.html import render_html
 from ciosl.report.plots import Figure, make_figures
 from ciosl.report.results import (
@@ -142,6 +144,33 @@ def render_markdown(title: str, tables: list[Table], figures: list[Figure],
     return "\n".join(parts) + "\n"
 
 
+REPORT_SIGNS = (re.compile(r'<meta name="generator" content="ciosl report">'),  # HTML
+                re.compile(r"\A# [^\n]*\n\n\d+ results from "))  # Markdown
+
+
+def check_report_target(path: Path) -> None:
+    """A report replaces only an earlier report: a file at ``--out`` that is not one (a result
+    JSON, a grid, anything of the user's) is refused, never overwritten; a FIFO or a device
+    there is refused before anything is drawn."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:  # absent (or unreachable: the write names the problem)
+        return
+    if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):  # a folder: refused elsewhere
+        raise ValueError(f"--out {path}: not a regular file ({kind_of(mode)}): refused to "
+                         "replace it")
+    if not stat.S_ISREG(mode):
+        return
+    try:
+        with open_regular(path, "--out") as f:
+            head = f.read(4096).decode("utf-8", errors="replace")
+    except OSError:
+        return  # unreadable: the write names the problem
+    if not any(sign.search(head) for sign in REPORT_SIGNS):
+        raise ValueError(f"--out {path}: holds a file that is not a ciosl report: refused to "
+                         "replace it; choose another --out, or delete it first")
+
+
 def write_report(results: str | Path, *, fmt: str = "md", out: str | Path | None = None,
                  title: str | None = None, omega_events: str = "after_base") -> Report:
     """Read every result JSON under ``results`` and write the report (Markdown: figures in a
@@ -164,6 +193,7 @@ def write_report(results: str | Path, *, fmt: str = "md", out: str | Path | None
         raise FileNotFoundError(f"no result JSONs (from `ciosl run` or `ciosl sweep`) under "
                                 f"{root}{why}")
     path = Path(out) if out is not None else root / f"report.{fmt}"
+    check_report_target(path)  # before drawing anything
     title = title or f"ciosl report: {root.resolve().name}"
     tables = build_tables(entries)
     intro = intro_lines(entries, omega_events, left_out, root) + duplicates

@@ -172,5 +172,6 @@ def render_html(title: str, tables: list[Table], figures: list[Figure], entries:
     for name, text in grids:
         body += [f"<h3>Grid <code>{_text(name)}</code></h3>", f"<pre>{escape(text)}</pre>"]
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            '<meta name="generator" content="ciosl report">'
             f"<title>{_text(title)}</title><style>{STYLE}</style></head><body>\n"
             + "\n".join(body) + "\n</body></html>\n")
