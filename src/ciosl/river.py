@@ -98,11 +98,24 @@ def _number(key: Any, value: Any, where: str) -> float:
     if not isinstance(value, int | float) or isinstance(value, complex):
         raise TypeError(f"RiverClassifier.{where}: feature {key!r} must be a real number, got "
                         f"{type(value).__name__} {_short(value)}")
-    if not math.isfinite(value) or abs(value) > MAX_FEATURE:
-        raise ValueError(f"RiverClassifier.{where}: feature {key!r} = {value!r} is "
-                         f"{'not finite' if not math.isfinite(value) else 'too large'} (features "
+    # an int is compared as it is: float() of 10**400 would raise a bare OverflowError
+    finite = isinstance(value, int) or math.isfinite(value)
+    if not finite or abs(value) > MAX_FEATURE:
+        raise ValueError(f"RiverClassifier.{where}: feature {key!r} = {_magnitude(value)} is "
+                         f"{'not finite' if not finite else 'too large'} (features "
                          f"must be finite numbers within +-{MAX_FEATURE:.0e})")
     return float(value)
+
+
+def _magnitude(value: int | float) -> str:
+    """``repr``, or for an int of more than 20 digits its order of magnitude ("1e+400 (an
+    int)"): all its digits would make a long line (or, past 4300, none at all)."""
+    if not isinstance(value, int) or abs(value) < 10**20:
+        return repr(value)
+    exp = int(math.log10(abs(value)))  # math.log10 takes ints of any size
+    exp += (abs(value) >= 10**(exp + 1)) - (abs(value) < 10**exp)  # log10's rounding
+    mantissa = abs(value) / 10**exp  # int / int: exact to a float, however large
+    return f"{'-' if value < 0 else ''}{mantissa:.3g}e+{exp} (an int)"
 
 
 def _short(value: Any) -> str:

@@ -1,0 +1,194 @@
+"""The third red-team pass on the adapters (``ciosl.sklearn``, ``ciosl.river``): every call is
+all or nothing (when it raises, the object is exactly as before: the scikit-learn classifier's
+attributes byte for byte and its learner's state, the river one's learner and layout), and
+every refusal is one line naming the argument, the feature or the value. Each row failed before
+its fix.
+
+Tables: ``SKLEARN_REFUSALS`` (a refused ``fit`` / ``partial_fit`` on a fitted and on a fresh
+classifier), ``SKLEARN_WIDENING`` (labels of another width are accepted, ``classes_`` widens),
+``RIVER_CASES`` (a feature too large to be a float).
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+
+import numpy as np
+import pytest
+import torch
+
+from ciosl import make_learner
+from ciosl.river import RiverClassifier
+from ciosl.sklearn import StreamingClassifier
+
+X = np.random.default_rng(0).normal(size=(8, 3))
+
+
+def fitted(labels: tuple = (0, 1)) -> StreamingClassifier:
+    return StreamingClassifier(method="ncm").fit(X, list(labels) * 4)
+
+
+def with_feature(width: int, value: float) -> np.ndarray:
+    """(8, width) features with ``value`` at row 2, last column."""
+    Z = np.random.default_rng(1).normal(size=(8, width))
+    Z[2, -1] = value
+    return Z
+
+
+def state(clf: StreamingClassifier) -> tuple:
+    """Everything of the classifier: its attributes byte for byte, and its learner (the same
+    object, the same state). ``pickle.dumps`` of the whole would hold a torch generator's
+    storage address, which changes when nothing else does."""
+    attrs = {k: v for k, v in vars(clf).items() if k != "learner_"}
+    learner = getattr(clf, "learner_", None)
+    return (pickle.dumps(attrs), id(learner),
+            None if learner is None else snapshot(learner))
+
+
+def snapshot(learner) -> bytes:
+    buf = io.BytesIO()
+    torch.save(learner.state_dict(), buf)
+    return buf.getvalue()
+
+
+def one_line(err: BaseException) -> str:
+    text = str(err)
+    assert "\n" not in text and len(text) < 400, text
+    return text
+
+
+# (id, labels of the fitted classifier, call, error, fragment of the message); each is tried on
+# a classifier fitted on those labels and on a fresh one
+INT, STR = (0, 1), ("a", "b")
+SKLEARN_REFUSALS = [
+    ("fit-feature-too-large", INT, lambda c: c.fit(with_feature(3, 1e13), [0, 1] * 4),
+     ValueError, "feature 2 = 1e+13"),
+    ("fit-feature-too-large-other-width", INT,
+     lambda c: c.fit(with_feature(5, 1e13), [0, 1] * 4), ValueError, "feature 4 = 1e+13"),
+    ("fit-continuous-y-other-width", INT,
+     lambda c: c.fit(with_feature(5, 0.0), np.linspace(0, 1, 8)), ValueError, "continuous"),
+    ("partial-fit-feature-too-large", INT,
+     lambda c: c.partial_fit(with_feature(3, 1e13), [0, 1] * 4), ValueError, "feature 2 = 1e+13"),
+    ("classes-truncated", INT, lambda c: c.partial_fit(X[:2], [0, 1], classes=[0.5, 0, 1]),
+     ValueError, "classes= value 0.5 would become 0"),
+    ("classes-duplicate-after-conversion", INT,
+     lambda c: c.partial_fit(X[:2], [0, 1], classes=[1, 2, 1.0]),
+     ValueError, "classes= lists the label 1 twice (as 1 and 1.0)"),
+    ("classes-duplicate", INT, lambda c: c.partial_fit(X[:2], [0, 1], classes=[3, 3]),
+     ValueError, "classes= lists the label 3 twice"),
+    ("classes-duplicate-strings", STR,
+     lambda c: c.partial_fit(X[:2], ["a", "b"], classes=["c", "c"]),
+     ValueError, "classes= lists the label 'c' twice"),
+    ("classes-none", INT, lambda c: c.partial_fit(X[:2], [0, 1], classes=[0, None]),
+     TypeError, "classes= value None is a NoneType, not a label"),
+    ("classes-nan", INT, lambda c: c.partial_fit(X[:2], [0.0, 1.0], classes=[float("nan")]),
+     ValueError, "classes= value nan is not a finite number"),
+    ("classes-int-beyond-64-bits", INT,
+     lambda c: c.partial_fit(X[:2], [0, 1], classes=[2**70]),
+     ValueError, "classes= value 1180591620717411303424 does not fit"),
+    ("classes-mixed-kinds-with-strings", STR,
+     lambda c: c.partial_fit(X[:2], ["a", "b"], classes=[1, "a"]),
+     ValueError, "labels must be all numbers or all strings"),
+    ("classes-bool-y", (False, True),
+     lambda c: c.partial_fit(X[:2], np.array([True, False]), classes=[2]),
+     ValueError, "classes= value 2 would become True"),
+    ("classes-needing-more-than-64-bits", INT,
+     lambda c: c.partial_fit(X[:2], np.uint64([0, 1]), classes=[-1, 2**64 - 1]),
+     ValueError, "labels -1 and 18446744073709551615 do not fit one type (uint64 or int64)"),
+    ("classes-float-precision", INT,
+     lambda c: c.partial_fit(X[:2], [0.0, 1.0], classes=[2**60 + 1]),
+     ValueError, "classes= value 1152921504606846977 would become"),
+]
+
+
+@pytest.mark.parametrize("start", ["fitted", "fresh"])
+@pytest.mark.parametrize(("labels", "call", "error", "fragment"),
+                         [c[1:] for c in SKLEARN_REFUSALS], ids=[c[0] for c in SKLEARN_REFUSALS])
+def test_sklearn_refusals_are_one_line_and_change_nothing(start, labels, call, error, fragment):
+    clf = fitted(labels) if start == "fitted" else StreamingClassifier(method="ncm")
+    before = state(clf)
+    with pytest.raises(error) as err:
+        call(clf)
+    assert fragment in one_line(err.value)
+    assert state(clf) == before
+    if start == "fitted":  # still the fitted classifier
+        assert clf.n_features_in_ == 3 and clf.classes_.tolist() == list(labels)
+        assert clf.predict(X).tolist() == fitted(labels).predict(X).tolist()
+    else:
+        assert not hasattr(clf, "learner_") and not hasattr(clf, "classes_")
+        assert not hasattr(clf, "n_features_in_")
+
+
+# (id, start, call, classes_ after, its dtype kind)
+SKLEARN_WIDENING = [
+    ("int8-y-announces-300", "fitted",
+     lambda c: c.partial_fit(X[2:3], np.int8([1]), classes=[300]), [0, 1, 300], "i"),
+    ("int8-y-announces-300-fresh", "fresh",
+     lambda c: c.partial_fit(X[2:3], np.int8([1]), classes=[300]), [1, 300], "i"),
+    ("int8-y-after-300-known", "fitted",
+     lambda c: (c.partial_fit(X[:1], [300]), c.partial_fit(X[2:3], np.int8([1]))),
+     [0, 1, 300], "i"),
+    ("uint64-y-announces-negative", "fresh",
+     lambda c: c.partial_fit(X[:2], np.uint64([0, 1]), classes=[-1]), [-1, 0, 1], "i"),
+]
+
+
+@pytest.mark.parametrize(("start", "call", "classes", "kind"), [c[1:] for c in SKLEARN_WIDENING],
+                         ids=[c[0] for c in SKLEARN_WIDENING])
+def test_sklearn_labels_of_another_width_widen_classes(start, call, classes, kind):
+    clf = fitted() if start == "fitted" else StreamingClassifier(method="ncm")
+    seen = 0 if start == "fresh" else clf.learner_.n_seen_
+    call(clf)
+    assert clf.classes_.tolist() == classes and clf.classes_.dtype.kind == kind
+    assert clf.learner_.n_seen_ > seen
+    assert set(clf.predict(X).tolist()) <= set(classes)
+    assert clf.predict_proba(X).shape == (len(X), len(classes))
+
+
+def test_sklearn_refit_after_a_refused_fit_still_works():
+    clf = fitted()
+    with pytest.raises(ValueError):
+        clf.fit(with_feature(5, 1e13), [0, 1] * 4)
+    assert clf.predict(X).tolist() == fitted().predict(X).tolist()
+    clf.fit(with_feature(5, 0.0), [2, 3] * 4)
+    assert clf.n_features_in_ == 5 and clf.classes_.tolist() == [2, 3]
+
+
+# ---------------------------------------------------------------------------- river
+def river() -> RiverClassifier:
+    clf = RiverClassifier(make_learner("ncm"))
+    clf.learn_one({"a": 1.0, "b": 0.0}, 0)
+    clf.learn_one({"a": -1.0, "b": 0.5}, 1)
+    return clf
+
+
+RIVER_CASES = [
+    ("int-beyond-float", {"a": 10**400}, "feature 'a' = 1e+400 (an int) is too large"),
+    ("negative-int-beyond-float", {"b": -(10**400)}, "feature 'b' = -1e+400 (an int) is too large"),
+    ("int-beyond-str-limit", {"a": 3 * 10**5000}, "feature 'a' = 3e+5000 (an int) is too large"),
+    ("numpy-0d-huge-int", {"a": np.array(10**400, dtype=object)}, "feature 'a' = 1e+400"),
+]
+
+
+@pytest.mark.parametrize(("x", "fragment"), [c[1:] for c in RIVER_CASES],
+                         ids=[c[0] for c in RIVER_CASES])
+def test_river_refuses_huge_ints_naming_the_feature(x, fragment):
+    clf = river()
+    before, layout = snapshot(clf.learner), list(clf.features_)
+    for call in (lambda: clf.learn_one(x, 0), lambda: clf.predict_proba_one(x),
+                 lambda: clf.predict_one(x)):
+        with pytest.raises(ValueError) as err:
+            call()
+        text = one_line(err.value)
+        assert fragment in text and len(text) < 200, text
+    assert snapshot(clf.learner) == before and clf.features_ == layout
+
+
+def test_river_a_huge_int_first_sample_fixes_no_layout():
+    clf = RiverClassifier(make_learner("ncm"))
+    with pytest.raises(ValueError, match="feature 'a'"):
+        clf.learn_one({"a": 10**400}, 0)
+    with pytest.raises(ValueError, match="feature 'a'"):
+        clf.predict_proba_one({"a": 10**400})
+    assert clf.features_ is None and clf.learner.dim_ is None
