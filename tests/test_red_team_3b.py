@@ -183,3 +183,12 @@ def test_a_missing_weights_file_of_a_grid_is_blamed_on_its_key(tmp_path):
                     f'extractor = "efficientnet_lite0"\nweights = "{tmp_path}/none.pth"\n')
     with pytest.raises(GridError, match=r"w\.toml: weights: "):
         load_grid(path)
+
+
+def test_a_report_of_an_earlier_version_is_still_replaced(results, tmp_path, capsys):
+    """A demo folder's report.html from before the generator tag: `make demo` rewrites it."""
+    out = tmp_path / "old.html"
+    assert cli(capsys, ["report", str(results), "--format", "html", "--out", str(out)])[0] == 0
+    out.write_text(out.read_text().replace('<meta name="generator" content="ciosl report">', ""))
+    assert cli(capsys, ["report", str(results), "--format", "html", "--out", str(out)])[0] == 0
+    assert '<meta name="generator" content="ciosl report">' in out.read_text()

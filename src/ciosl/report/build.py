@@ -145,7 +145,10 @@ def render_markdown(title: str, tables: list[Table], figures: list[Figure],
 
 
 REPORT_SIGNS = (re.compile(r'<meta name="generator" content="ciosl report">'),  # HTML
-                re.compile(r"\A# [^\n]*\n\n\d+ results from "))  # Markdown
+                # HTML written before that tag (a demo folder from an earlier version)
+                re.compile(r'\A<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+                           r"<title>[^<]*</title><style>"),
+                re.compile(r"\A# [^\n]*\n\n\d+ results? from "))  # Markdown
 
 
 def check_report_target(path: Path) -> None:
