@@ -335,16 +335,23 @@ def test_errors_mid_run_are_one_line(error, fragment, rc, tmp_path, capsys, monk
     assert not list((tmp_path / "out").glob("*.json"))
 
 
-def test_ctrl_c_says_how_to_resume_and_loses_no_finished_run(tmp_path, capsys, monkeypatch):
-    real_run_seed, calls = experiment.run_seed, []
+def interrupt_second_run(monkeypatch) -> list[int]:
+    """Make the second ``run_seed`` of a ``ciosl run`` raise KeyboardInterrupt (Ctrl-C); the
+    list counts the calls."""
+    real, calls = experiment.run_seed, []
 
     def interrupted_second(*a, **kw):
         calls.append(1)
         if len(calls) == 2:
             raise KeyboardInterrupt
-        return real_run_seed(*a, **kw)
+        return real(*a, **kw)
 
     monkeypatch.setattr(experiment, "run_seed", interrupted_second)
+    return calls
+
+
+def test_ctrl_c_says_how_to_resume_and_loses_no_finished_run(tmp_path, capsys, monkeypatch):
+    calls = interrupt_second_run(monkeypatch)
     rc, err = cli(capsys, run_args(tmp_path, "--runs", "2"))
     assert rc == 130 and "Traceback" not in err
     assert err.strip() == ("interrupted: the finished runs are saved; the same command with "

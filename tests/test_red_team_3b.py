@@ -21,7 +21,7 @@ from ciosl.evaluation.sweep import result_file, run_file, run_sweep
 from ciosl.fileio import atomic_write_bytes
 from ciosl.learners import make_learner
 from ciosl.learners.base import Learner
-from test_red_team import cli, one_line_error
+from test_red_team import cli, interrupt_second_run, one_line_error
 from test_red_team_2 import make_fifo, run_args
 
 # ---------------------------------------------------------------------------- the report's --out
@@ -109,15 +109,8 @@ def test_a_learner_file_never_imports_the_module_it_names(tmp_path, monkeypatch)
 
 
 def test_a_rerun_without_resume_keeps_an_interrupted_runs_work(tmp_path, capsys, monkeypatch):
-    real, calls = experiment.run_seed, []
-
-    def interrupted_second(*a, **kw):
-        calls.append(1)
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        return real(*a, **kw)
-
-    monkeypatch.setattr(experiment, "run_seed", interrupted_second)
+    real = experiment.run_seed
+    interrupt_second_run(monkeypatch)
     assert cli(capsys, run_args(tmp_path, "--runs", "2"))[0] == 130
     monkeypatch.setattr(experiment, "run_seed", real)
     (ckpt,) = (tmp_path / "out").glob("*.ckpt")

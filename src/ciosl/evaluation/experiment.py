@@ -650,7 +650,7 @@ def run_experiment(exp: ExperimentSpec, *,
     orderings = [stream_ordering(exp, spec, fs, s) for s in exp.seeds]
     ident = identity({
         "dataset": exp.dataset, "ordering": exp.ordering, "method": cls.name,
-        **({"method_source": method_source(cls)} if method_source(cls) else {}),
+        **({"method_source": source} if (source := method_source(cls)) else {}),
         "seeds": [int(x) for x in exp.seeds], "settings": settings, "features": fs.key,
         "limit_per_class": exp.limit_per_class, "offline": offline.__dict__,
         "regime": regime_of(exp).__dict__})
