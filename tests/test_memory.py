@@ -434,3 +434,39 @@ def test_a_copied_memory_writes_its_own_storage(duplicate):
     assert twin.y[:2].tolist() == [1, 2] and twin.logits[1].tolist() == [1.0, 1.0]
     assert twin.loss[:2].tolist() == pytest.approx([0.9, 0.7])
     assert len(mem) == 1 and mem.y[:2].tolist() == [1, 0] and float(mem.loss[0]) == 0.5
+
+
+@pytest.mark.parametrize("bad", [dict(loss=[0.5, float("nan")]), dict(loss=[0.5, -1.0]),
+                                 dict(uncertainty=[float("nan"), 0.0]), dict(loss=[0.5])],
+                         ids=["nan-loss", "negative-loss", "nan-uncertainty", "short-loss"])
+def test_update_is_all_or_nothing(bad):
+    """A refused score leaves the logits given in the same call unwritten too."""
+    rng = np.random.default_rng(0)
+    mem = ReplayMemory(4, 3)
+    for i in range(3):
+        mem.offer(np.full(3, float(i)), i, logits=torch.zeros(2), loss=0.1, uncertainty=0.2,
+                  rng=rng)
+    before = {k: v.clone() for k, v in mem.state().items() if isinstance(v, torch.Tensor)}
+    with pytest.raises(ValueError, match="loss|uncertainty"):
+        mem.update([0, 2], logits=torch.ones(2, 3), **{k: torch.tensor(v) for k, v in
+                                                       bad.items()})
+    after = mem.state()
+    assert mem.width == 2
+    for name, t in before.items():
+        assert torch.equal(after[name], t), name
+
+
+def test_batch_into_out_equals_the_gather():
+    rng = np.random.default_rng(0)
+    mem = ReplayMemory(6, 3)
+    for i in range(6):
+        mem.offer(np.array([i, 2 * i, -i], dtype=np.float32), i % 3, logits=torch.zeros(3),
+                  loss=0.1, uncertainty=0.2, rng=rng)
+    slots = np.array([4, 0, 4, 2])
+    out = torch.full((6, 3), -7.0)
+    Z, y = mem.batch(slots, out=out[2:])
+    assert torch.equal(out[2:], mem.z[torch.from_numpy(slots)]) and torch.equal(out[:2],
+                                                                               torch.full((2, 3), -7.0))
+    assert Z.data_ptr() == out[2:].data_ptr() and y.tolist() == [1, 0, 1, 2]
+    Z2, _ = mem.batch(slots)
+    assert torch.equal(Z2, out[2:])

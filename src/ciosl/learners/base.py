@@ -672,8 +672,11 @@ class Learner:
             out[i] = k
         return out
 
-    def _prepare(self, Z, y, where: str) -> tuple[np.ndarray, list]:
-        Z = self._check_Z(Z, where=where)
+    def _prepare(self, Z, y, where: str, *, checked: bool = False) -> tuple[np.ndarray, list]:
+        """Checked features (``checked``: ``Z`` is already ``_check_Z``'s answer) and labels;
+        the state is built on the first call."""
+        if not checked:
+            Z = self._check_Z(Z, where=where)
         y = list(np.asarray(y).reshape(-1)) if not isinstance(y, list) else y
         if len(y) != Z.shape[0]:
             raise ValueError(f"{where}: {Z.shape[0]} samples but {len(y)} labels")
@@ -692,7 +695,7 @@ class Learner:
         the random generators only: a learner detects a non-finite loss before its parameters
         or its memory move, but may have drawn replay samples by then."""
         saved = copy.deepcopy(self.state_dict()) if full else None
-        rng = copy.deepcopy(self.rng.bit_generator.state), self.torch_rng.get_state()
+        rng = self.rng.bit_generator.state, self.torch_rng.get_state()  # fresh copies
         try:
             yield
         except BaseException:
@@ -730,7 +733,7 @@ class Learner:
             raise ValueError(f"learn_one: expects one sample, got {Z.shape[0]}")
         labels = [y] if not isinstance(y, list | np.ndarray) else y
         with self._all_or_nothing(full=self._any_new(labels)):
-            Z, (lab,) = self._prepare(Z, labels, "learn_one")
+            Z, (lab,) = self._prepare(Z, labels, "learn_one", checked=True)
             (yi,) = self._encode_new([lab])
             with single_thread():
                 self._learn_one(Z[0], int(yi))
@@ -846,7 +849,7 @@ class Learner:
         before inference (``violates_single_pass``) are not probed (too costly)."""
         if not self.classes_ or self.violates_single_pass:
             return None
-        rng = copy.deepcopy(self.rng.bit_generator.state), self.torch_rng.get_state()
+        rng = self.rng.bit_generator.state, self.torch_rng.get_state()  # fresh copies
         try:
             P = np.asarray(self._predict_proba(np.zeros((1, self.dim_), np.float32)))
         finally:

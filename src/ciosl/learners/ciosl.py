@@ -255,7 +255,6 @@ class CIOSL(BayesHead):
         b = len(yi)
         self._refresh_if_due(b)
         mem = self.memory
-        X = torch.from_numpy(np.ascontiguousarray(Z))  # (b, d)
         Y = torch.from_numpy(np.asarray(yi, np.int64))  # (b,)
         H = mask = replay = distill = None
         slots = []
@@ -270,11 +269,15 @@ class CIOSL(BayesHead):
                          == mem.labels_of(distill))[:, None]
         Ys = Y
         if slots:
-            Zm, ym = mem.batch(np.concatenate(slots))  # (r + n_d, d), (r + n_d,)
-            X = torch.cat([X, Zm])  # (b + r + n_d, d)
+            idx = np.concatenate(slots)  # (r + n_d,)
+            X = torch.empty(b + len(idx), Z.shape[1])  # (b + r + n_d, d)
+            X[:b] = torch.from_numpy(Z)
+            _, ym = mem.batch(idx, out=X[b:])  # the memory's rows written into X
             if replay is not None:
                 Y = torch.cat([Y, ym[:len(replay)]])  # (b + r,)
             Ys = torch.cat([Y, ym[len(Y) - b:]]) if self.rescore_distilled else Y
+        else:
+            X = torch.from_numpy(np.ascontiguousarray(Z))  # (b, d)
         loss, unc, h = self._step(X, Y, H, mask, n_scored=len(Ys), score_labels=Ys,
                                   n_data=self.n_seen_ + b)
         self._check_finite(loss, X)
@@ -284,9 +287,10 @@ class CIOSL(BayesHead):
         if distill is not None and self.rescore_distilled:  # scores only: the targets stay
             d = slice(len(Y), None)
             mem.update(distill, loss=loss[d], uncertainty=unc[d])
+        Xn, yn, hn, ln, un = X.numpy(), Y.numpy(), h.numpy(), loss.numpy(), unc.numpy()
         for i in range(b):
-            mem.offer(X[i], int(Y[i]), logits=h[i], loss=float(loss[i]),
-                      uncertainty=float(unc[i]), rng=self.rng)
+            mem.offer(Xn[i], int(yn[i]), logits=hn[i], loss=float(ln[i]),
+                      uncertainty=float(un[i]), rng=self.rng)
 
     def _fit_base(self, Z: np.ndarray, yi: np.ndarray) -> None:
         X = torch.from_numpy(np.ascontiguousarray(Z))  # (n, d)

@@ -117,7 +117,10 @@ def clip_grad_norm_(grads: list[torch.Tensor | None], max_norm: float) -> float:
     present = [g for g in grads if g is not None]
     if not present or not math.isfinite(max_norm):
         return 0.0
-    norm = float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(present))))
+    if len(present) == 1:  # a flat head: one reduction, no stack (the same norm)
+        norm = float(torch.linalg.vector_norm(present[0]))
+    else:
+        norm = float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(present))))
     if norm > max_norm:  # a non-finite norm is left to check_finite / the loss to report
         torch._foreach_mul_(present, max_norm / norm)
     return norm

@@ -39,6 +39,14 @@ SELECTIONS = ("uniform", "uapn", "lapn")
 EPS = 1e-8  # added to losses in the 1/loss weights, so a zero loss is fine
 
 
+def _floats(values: Any) -> np.ndarray:
+    """``values`` (a tensor, an array or numbers) as a float32 numpy array, without a copy
+    where it already is one."""
+    if isinstance(values, torch.Tensor):
+        return values.detach().to(torch.float32).numpy()
+    return np.asarray(values, dtype=np.float32)
+
+
 def _weighted_index(w: np.ndarray, rng: np.random.Generator) -> int:
     """One index drawn with probability proportional to the non-negative weights ``w``."""
     c = np.cumsum(w, dtype=np.float64)
@@ -147,9 +155,9 @@ class ReplayMemory:
     def offer(self, z: Any, y: int, *, logits: Any, loss: float, uncertainty: float,
               rng: np.random.Generator) -> int | None:
         """One stream item arrives; returns the slot written, or None if it was not stored."""
-        z = torch.as_tensor(z, dtype=torch.float32).reshape(-1)  # (d,)
-        if z.numel() != self.dim:
-            raise ValueError(f"memory: feature width {z.numel()} differs from {self.dim}")
+        z = _floats(z).reshape(-1)  # (d,)
+        if z.shape[0] != self.dim:
+            raise ValueError(f"memory: feature width {z.shape[0]} differs from {self.dim}")
         y = int(y)
         if y < 0:
             raise ValueError(f"memory: class index must be >= 0, got {y}")
@@ -157,6 +165,7 @@ class ReplayMemory:
         if not loss >= 0 or uncertainty != uncertainty:  # negative or NaN
             raise ValueError(f"memory: loss must be >= 0 and scores not NaN, got "
                              f"loss={loss}, uncertainty={uncertainty}")
+        h = _floats(logits).reshape(-1)  # (c,)
         self.n_offered += 1
         if self._size < self.capacity:
             slot = self._size
@@ -166,7 +175,7 @@ class ReplayMemory:
             if slot is None:
                 return None
             self._counts[self._np["y"][slot]] -= 1
-        self._write(slot, z, y, logits, loss, uncertainty)
+        self._write(slot, z, y, h, loss, uncertainty)
         return slot
 
     def _victim(self, rng: np.random.Generator) -> int | None:
@@ -186,15 +195,14 @@ class ReplayMemory:
         w = 1.0 / (self._np["loss"][members].astype(np.float64) + EPS)  # lawcbr
         return int(members[_weighted_index(w, rng)])
 
-    def _write(self, slot: int, z: torch.Tensor, y: int, logits: Any, loss: float,
+    def _write(self, slot: int, z: np.ndarray, y: int, h: np.ndarray, loss: float,
                uncertainty: float) -> None:
-        h = torch.as_tensor(logits, dtype=torch.float32).detach().reshape(-1)  # (c,)
-        c = h.numel()
+        c = h.shape[0]
         self.grow_logits(c)
         v = self._np
-        self.z[slot] = z
+        v["z"][slot] = z
         v["y"][slot] = y
-        v["logits"][slot, :c] = h.numpy()
+        v["logits"][slot, :c] = h
         v["logits"][slot, c:] = 0.0
         v["n_logits"][slot] = c
         v["loss"][slot] = loss
@@ -248,10 +256,12 @@ class ReplayMemory:
             raise IndexError(f"memory: slots must be in [0, {self._size}), got {s.tolist()}")
         return s
 
-    def batch(self, slots: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        """(z[slots] (k, d), y[slots] (k,)), copies."""
+    def batch(self, slots: Any, out: torch.Tensor | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(z[slots] (k, d), y[slots] (k,)), copies; ``out``: a (k, d) tensor to write the
+        features into (returned)."""
         s = torch.from_numpy(self._slots(slots))
-        return self.z[s], self.y[s]
+        return torch.index_select(self.z, 0, s, out=out), self.y.index_select(0, s)
 
     def labels_of(self, slots: Any) -> torch.Tensor:
         """y[slots] (k,)."""
@@ -263,30 +273,35 @@ class ReplayMemory:
         mask = np.arange(self.width)[None, :] < self._np["n_logits"][s][:, None]  # (k, width)
         return torch.from_numpy(self._np["logits"][s]), torch.from_numpy(mask)
 
-    def update(self, slots: Any, *, logits: torch.Tensor | None = None,
-               loss: torch.Tensor | None = None,
-               uncertainty: torch.Tensor | None = None) -> None:
-        """Online refresh of replayed items (paper 3.4); only ``slots`` change."""
+    def update(self, slots: Any, *, logits: Any = None, loss: Any = None,
+               uncertainty: Any = None) -> None:
+        """Online refresh of replayed items (paper 3.4); only ``slots`` change. Everything is
+        checked before anything is written."""
         s = self._slots(slots)
+        h = None
         if logits is not None:
-            h = torch.as_tensor(logits, dtype=torch.float32).detach()  # (k, c)
+            h = _floats(logits)  # (k, c)
             if h.ndim != 2 or h.shape[0] != len(s):
                 raise ValueError(f"memory.update: logits must be ({len(s)}, c), got "
                                  f"{tuple(h.shape)}")
-            c = h.shape[1]
-            self.grow_logits(c)
-            L = self._np["logits"]
-            L[s, :c] = h.numpy()
-            L[s, c:] = 0.0
-            self._np["n_logits"][s] = c
+        scores = {}
         for name, v in (("loss", loss), ("uncertainty", uncertainty)):
             if v is None:
                 continue
-            v = torch.as_tensor(v, dtype=torch.float32).detach().numpy().reshape(-1)  # (k,)
+            v = _floats(v).reshape(-1)  # (k,)
             if v.shape[0] != len(s):
                 raise ValueError(f"memory.update: {name} must have {len(s)} values")
             if np.isnan(v).any() or (name == "loss" and (v < 0).any()):
                 raise ValueError(f"memory.update: {name} has NaN or negative values")
+            scores[name] = v
+        if h is not None:
+            c = h.shape[1]
+            self.grow_logits(c)
+            L = self._np["logits"]
+            L[s, :c] = h
+            L[s, c:] = 0.0
+            self._np["n_logits"][s] = c
+        for name, v in scores.items():
             self._np[name][s] = v
 
     # ------------------------------------------------------------------ state
