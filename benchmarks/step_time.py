@@ -18,8 +18,9 @@ and prints both, then ``step/arithmetic ratio: X`` for the 1280-d case as the la
 Run: ``python benchmarks/step_time.py`` (``--breakdown``: the median time of each phase of
 the step; ``--profile``: a torch profile; ``--ceiling``: the share of the passes over the
 parameters, what fusing them could save at most; ``--floor``: the noise and the parameter passes
-alone, against the products). One thread by default (``--threads``): per-sample
-work is too small to gain from a second one.
+alone, against the products; ``--cold``: small operations alone and after the parameter
+traffic). One thread by default (``--threads``): per-sample work is too small to gain from a
+second one.
 """
 
 from __future__ import annotations
@@ -218,6 +219,35 @@ def floor_time(d: int, n_replay: int = 16, n_distill: int = 16, k: int = 5) -> d
     return {name: median_time(fn, 400) for name, fn in parts.items()}
 
 
+def cold_time(d: int = 1280, arrays: int = 9, reps: int = 300) -> None:
+    """Why a step's small operations cost more inside a step than alone: a few of them timed
+    alone (caches warm) and right after the step's passes over its parameters (``arrays`` (P,)
+    float32 arrays streamed, as a step streams the means, variances, Fisher, prior, gradient and
+    momentum through the core's caches)."""
+    P = sum(a * b + b for a, b in zip([d, *HIDDEN], [*HIDDEN, N_CLASSES], strict=True))
+    big = torch.rand(arrays * P)
+    logits, z, idx = torch.randn(17, N_CLASSES), torch.randn(1000, d), torch.randint(1000, (32,))
+    score, rng = np.random.default_rng(0).random(1000), np.random.default_rng(0)
+    ops = {"softmax (17, 10)": lambda: logits.softmax(1),
+           "index_select 32 rows": lambda: z.index_select(0, idx),
+           "np.partition of 1000": lambda: np.partition(score, 8),
+           "rng.choice(1000, 16)": lambda: rng.choice(1000, size=16, replace=False)}
+    for name, fn in ops.items():
+        warm, cold = [], []
+        for _ in range(reps):
+            fn()
+            t = time.perf_counter()
+            fn()
+            warm.append(time.perf_counter() - t)
+            big.mul_(1.0)
+            t = time.perf_counter()
+            fn()
+            cold.append(time.perf_counter() - t)
+        w, c = statistics.median(warm), statistics.median(cold)
+        print(f"{name:24s} alone {w * 1e6:6.1f} us, after {arrays} x {P * 4 / 2**20:.2f} MiB "
+              f"streamed {c * 1e6:6.1f} us ({c / w:.1f}x)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=1)
@@ -227,8 +257,13 @@ def main() -> None:
                         "products (noise, passes over the parameters), against the products")
     parser.add_argument("--ceiling", action="store_true", help="share of the step spent in "
                         "passes over the parameters (what fusing them could save at most)")
+    parser.add_argument("--cold", action="store_true", help="small operations alone and "
+                        "after a step's parameter traffic (why they cost more inside a step)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.cold:
+        cold_time()
+        return
     if args.ceiling:
         parameter_pass_ceiling()
         return
