@@ -44,6 +44,21 @@ def test_prior_is_the_fan_in_scale_and_precision_is_prior_plus_evidence_times_fi
     torch.testing.assert_close(net.precision(), net.prec0 + 10.0 * 0.5 / net.fisher_decay)
 
 
+@pytest.mark.parametrize("prior_scale", [1.0, 0.3])
+def test_precision_into_a_buffer_is_the_formula_bit_for_bit(prior_scale):
+    """The step's precision (into its scratch buffer, pi_0 one number per layer) is exactly
+    pi_0 + E Fbar with pi_0 as the (P,) array, after growth too."""
+    net = make_net(prior_scale=prior_scale)
+    gen = torch.Generator().manual_seed(3)
+    for _ in range(2):
+        out = torch.full((net.P,), float("nan"))
+        assert net.precision(out=out) is out
+        expected = torch.add(net.prec0, net.fisher, alpha=net._fisher_weight())
+        assert torch.equal(out, expected) and torch.equal(net.precision(), expected)
+        net.grow(2, gen)
+        net.fisher += torch.rand(net.P, generator=gen)
+
+
 def test_kl_equals_formula():
     net = make_net()
     mq, sq = net.mu.double().numpy(), net.precision().double().rsqrt().numpy()
