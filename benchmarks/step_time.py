@@ -285,7 +285,8 @@ def main() -> None:
         ratio = step / arith
         print(f"d={d}: learn_one median {step * 1e3:.3f} ms, dense arithmetic "
               f"{arith * 1e3:.3f} ms, ratio {ratio:.2f} "
-              f"(60k-sample stream: {60_000 * step / 60:.1f} min)")
+              f"(60,000 such steps: {60_000 * step / 60:.1f} min; benchmarks/stream_time.py "
+              "times a real stream)")
     print(f"step/arithmetic ratio: {ratio:.2f}")
 
 
