@@ -151,6 +151,12 @@ BAD_RESULTS = [
      "runs[1].events must end at the end of the stream (n_stream = 96), got 4"),
     ("runs-with-different-classes", {"runs.1.final_class_accuracy.10": 0.5},
      "runs[1].final_class_accuracy has class '10', runs[0]'s has no class '10'"),
+    ("class-names-not-a-list", {"class_names": "0123456789"},
+     "class_names must be a non-empty list of strings, got '0123456789'"),
+    ("class-names-not-strings", {"class_names.3": 3},
+     "class_names must be a non-empty list of strings, got ['0', '1', '2', 3"),
+    ("class-names-too-few", {"class_names": ["a", "b"]},
+     "runs[0].final_class_accuracy has class '2', which the 2 class_names do not name"),
     ("events-null", {"runs.0.events": None},
      "runs[0].events must be a list of stream positions"),
     # stored summaries are recomputed from the runs: a contradiction names both values
@@ -459,3 +465,48 @@ def test_a_result_nested_deeply_but_within_the_parser_renders_in_html(good, tmp_
     assert rc == 0 and "Traceback" not in err
     assert err.startswith(f"warning: skipped {folder}/deep.json: malformed result: sweep.x.x")
     assert "is nested more than 16 levels deep" in err
+
+
+WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "<b>nine|x</b>"]
+
+
+def test_a_result_records_its_class_names(good):
+    assert good["class_names"] == [str(k) for k in range(10)]  # digits: label k is named "k"
+
+
+def test_the_class_table_names_each_class_where_the_results_agree(good, tmp_path, capsys):
+    """Per-class columns say which class they are (``class_names``), escaped like every name
+    from a result; a result written before ciosl recorded the names keeps the labels."""
+    folder = tmp_path / "named"
+    _write(folder, "a.json", {**good, "class_names": WORDS})
+    rc, out, err = _report(folder, capsys)
+    assert rc == 0 and not err.strip(), err
+    md = (folder / "report.md").read_text()
+    assert "| class · 3 three |" in md and r"class · 9 \<b\>nine\|x\</b\>" in md
+    rc, out, err = _report(folder, capsys, "--format", "html")
+    html = (folder / "report.html").read_text()
+    assert rc == 0 and "<th>3 three</th>" in html and "<b>nine" not in html
+    assert "&lt;b&gt;nine|x&lt;/b&gt;" in html
+    _write(folder, "a.json", {k: v for k, v in good.items() if k != "class_names"})
+    rc, out, err = _report(folder, capsys)
+    md = (folder / "report.md").read_text()
+    assert rc == 0 and "| class · 3 |" in md and "three" not in md
+
+
+def test_class_names_are_used_only_where_every_result_of_the_column_agrees(good, tmp_path):
+    from ciosl.report.results import make_entry
+    from ciosl.report.tables import _class_label, _class_names
+
+    def entry(names: list[str] | None):
+        path = _write(tmp_path, "r.json", good)
+        data = {k: v for k, v in good.items() if k != "class_names"}
+        return make_entry(data if names is None else {**data, "class_names": names}, path)
+
+    same = entry(WORDS)
+    assert _class_names([same, None, entry(WORDS)]) == WORDS
+    assert _class_names([same, entry(WORDS[::-1])]) is None  # they disagree
+    assert _class_names([same, entry(None)]) is None  # an older result names none
+    assert _class_names([None]) is None
+    assert _class_label("3", WORDS) == "3 three" and _class_label("3", None) == "3"
+    assert _class_label("3", [str(k) for k in range(10)]) == "3"  # the name says nothing more
+    assert _class_label("12", WORDS) == "12" and _class_label("x", WORDS) == "x"

@@ -500,6 +500,7 @@ def result_header(exp: ExperimentSpec, spec: DatasetSpec, cls: type[Learner],
         "feature_dim": fs.dim,
         "n_train": int(len(fs.train_y)),
         "n_test": int(len(fs.test_y)),
+        "class_names": [str(c) for c in fs.class_names],  # label k's name (per-class keys)
         "limit_per_class": exp.limit_per_class,
         "settings": {**every, **settings, "seed": "per run"},
         "protocol": {"base_fraction": spec.base_fraction,

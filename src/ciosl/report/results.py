@@ -592,6 +592,14 @@ def _runs_problem(data: dict) -> str | None:
             odd = min(c ^ classes[first])
             return (f"runs[{i}].final_class_accuracy has {_has(c, odd)}, runs[{first}]'s has "
                     f"{_has(classes[first], odd)}")
+    names = data.get("class_names")
+    if isinstance(names, list):  # the labels are indices into class_names
+        odd = next((c for c in sorted(classes[first], key=str)
+                    if not (isinstance(c, str) and c.isascii() and c.isdigit()
+                            and int(c) < len(names))), None)
+        if odd is not None:
+            return (f"runs[{first}].final_class_accuracy has class {_brief(odd)}, which the "
+                    f"{len(names)} class_names do not name")
     return _seeds_problem(data)
 
 
@@ -651,6 +659,10 @@ def _header_problem(data: dict) -> str | None:
                     f"true, false, null or a list of them, got {_brief(settings[odd])}")
     if "variant" in sweep and not isinstance(sweep["variant"], str):
         return f"sweep.variant must be a string, got {_brief(sweep['variant'])}"
+    names = data.get("class_names")
+    if names is not None and not (isinstance(names, list) and names
+                                  and all(isinstance(n, str) for n in names)):
+        return f"class_names must be a non-empty list of strings, got {_brief(names)}"
     return (_regime_problem(data.get("regime"), "regime")
             or _regime_problem(sweep.get("regime"), "sweep.regime") or _violation_problem(data))
 

@@ -332,6 +332,22 @@ def _class_accuracy(e: Entry | None) -> dict[str, float] | None:
     return {c: sum(p.get(c, 0.0) for p in per) / len(per) for c in per[0]}
 
 
+def _class_names(column: list[Entry | None]) -> list[str] | None:
+    """The class names the column's results agree on (``class_names``, label k's name at k),
+    or None: a result without them (written before ciosl recorded them), or two that differ."""
+    found = [e.data.get("class_names") for e in column if e is not None]
+    if not found or any(f is None or f != found[0] for f in found):
+        return None
+    return found[0]
+
+
+def _class_label(c: str, names: list[str] | None) -> str:
+    """A per-class column's header: label ``c`` and its name where the name says more."""
+    if names is None or not (c.isascii() and c.isdigit()) or int(c) >= len(names) or names[int(c)] == c:
+        return c
+    return f"{c} {shorten(names[int(c)], 24)}"
+
+
 def class_tables(entries: list[Entry], legend: Legend) -> list[Table]:
     """Per (ordering, dataset) column: each method's accuracy (%) on each class at the end."""
     chosen, columns, rows, grid = _main_cells(entries)
@@ -342,8 +358,10 @@ def class_tables(entries: list[Entry], legend: Legend) -> list[Table]:
                         key=lambda c: (0, int(c), c) if c.lstrip("-").isdigit() else (1, 0, c))
         if not labels:
             continue
+        names = _class_names([row[j] for row in grid])
         table = Table("classes", f"Accuracy per class at the end (%): {column.title}",
-                      ["Method"], [("class", c) for c in labels], key=f"classes:{column.title}")
+                      ["Method"], [("class", _class_label(c, names)) for c in labels],
+                      key=f"classes:{column.title}")
         kept = [(r, g, v) for r, g, v in zip(rows, grid, values, strict=True)
                 if g[j] is not None]
         _method_rows(table, [r for r, _, _ in kept], [[g[j]] for _, g, _ in kept], legend,
