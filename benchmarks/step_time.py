@@ -14,7 +14,9 @@ warm-up, so every timed step replays N1' items and distils N2'), this measures i
   k - 1 further draws of the 1 + N1' scored rows through layers 2..L; layer 1's moments are
   shared with the training pass).
 
-and prints both, then ``step/arithmetic ratio: X`` for the 1280-d case as the last line.
+The two are timed in alternating blocks of 20 calls (the machine's load drifts; this way it
+falls on both alike). Prints both, then ``step/arithmetic ratio: X`` for the 1280-d case as the
+last line.
 Run: ``python benchmarks/step_time.py`` (``--breakdown``: the median time of each phase of
 the step; ``--profile``: a torch profile; ``--ceiling``: the share of the passes over the
 parameters, what fusing them could save at most; ``--floor``: the noise and the parameter passes
@@ -69,9 +71,11 @@ def timed(obj, name: str, times: dict[str, list[float]], label: str) -> None:
     setattr(obj, name, wrapper)
 
 
-def step_time(d: int, mode: str = "time") -> float:
+def step_time(d: int, mode: str = "time", products=None, block: int = 20):
     """Median ``learn_one`` time; mode "profile" prints a torch profile instead, "breakdown"
-    the median time of each phase of the step."""
+    the median time of each phase of the step. With ``products`` (``products_fn``): the
+    medians of both, timed in alternating blocks of ``block`` calls, so that the machine's
+    drift falls on both alike."""
     learner = make_learner("ciosl", seed=0)
     learner.fit_base(*data(d, N_BASE, 0, N_BASE_CLASSES))  # fills the memory (1000 items)
     assert learner.memory_size() == learner.buffer
@@ -109,7 +113,19 @@ def step_time(d: int, mode: str = "time") -> float:
             print(f"  {label:24s} {statistics.median(ts[-N_STEPS:]) * 1e3:7.3f} ms")
         print(f"  {'learn_one (instrumented)':24s} {total * 1e3:7.3f} ms")
         return total
-    return median_time(one, N_STEPS, WARMUP)
+    if products is None:
+        return median_time(one, N_STEPS, WARMUP)
+    for _ in range(WARMUP):
+        one()
+        products()
+    times: tuple[list[float], list[float]] = ([], [])
+    for _ in range(N_STEPS // block):
+        for fn, ts in ((one, times[0]), (products, times[1])):
+            for _ in range(block):
+                t = time.perf_counter()
+                fn()
+                ts.append(time.perf_counter() - t)
+    return statistics.median(times[0]), statistics.median(times[1])
 
 
 def parameter_pass_ceiling(d: int = 1280, blocks: int = 40, block: int = 25) -> None:
@@ -166,6 +182,12 @@ def parameter_pass_ceiling(d: int = 1280, blocks: int = 40, block: int = 25) -> 
 
 
 def arithmetic_time(d: int, n_replay: int = 16, n_distill: int = 16, k: int = 5) -> float:
+    """Median time of ``products_fn``'s products."""
+    return median_time(products_fn(d, n_replay, n_distill, k), 400)
+
+
+def products_fn(d: int, n_replay: int = 16, n_distill: int = 16, k: int = 5):
+    """The step's dense matrix products (module docstring) at width d, as one call."""
     gen = torch.Generator().manual_seed(0)
     sizes = [d, *HIDDEN, N_CLASSES]
     n, n_scored = 1 + n_replay + n_distill, 1 + n_replay
@@ -194,7 +216,7 @@ def arithmetic_time(d: int, n_replay: int = 16, n_distill: int = 16, k: int = 5)
             if i < len(layers) - 1:
                 G.mm(lay["W"])
 
-    return median_time(products, 400)
+    return products
 
 
 def floor_time(d: int, n_replay: int = 16, n_distill: int = 16, k: int = 5) -> dict[str, float]:
@@ -281,7 +303,7 @@ def main() -> None:
         return
     ratio = float("nan")
     for d in (784, 1280):
-        step, arith = step_time(d), arithmetic_time(d)
+        step, arith = step_time(d, products=products_fn(d))
         ratio = step / arith
         print(f"d={d}: learn_one median {step * 1e3:.3f} ms, dense arithmetic "
               f"{arith * 1e3:.3f} ms, ratio {ratio:.2f} "
