@@ -46,8 +46,8 @@ def test_prior_is_the_fan_in_scale_and_precision_is_prior_plus_evidence_times_fi
 
 @pytest.mark.parametrize("prior_scale", [1.0, 0.3])
 def test_precision_into_a_buffer_is_the_formula_bit_for_bit(prior_scale):
-    """The step's precision (into its scratch buffer, pi_0 one number per layer) is exactly
-    pi_0 + E Fbar with pi_0 as the (P,) array, after growth too."""
+    """The step's precision (into its scratch buffer) is exactly pi_0 + E Fbar, and the same
+    as without a buffer, after growth too."""
     net = make_net(prior_scale=prior_scale)
     gen = torch.Generator().manual_seed(3)
     for _ in range(2):

@@ -133,8 +133,6 @@ class BayesMLP:
         self.fisher_steps = int(fisher_steps)
         self.evidence = float(evidence)  # samples / temperature the posterior accounts for
         self.prec0 = self._prec0()  # (P,)
-        self._prec0_layer = [torch.tensor(self.shapes[2 * i][1] / self.prior_scale ** 2)
-                             for i in range(self.n_layers)]  # pi_0 of each layer, 0-d
         self.set_prior(prior_mu, prior_prec)
         P = mu.numel()
         self._scratch = torch.empty(2, P)  # (2, P) sigma^2 and a temporary of a step
@@ -163,18 +161,8 @@ class BayesMLP:
         return self.evidence / -math.expm1(self.fisher_steps * math.log1p(-self.fisher_decay))
 
     def precision(self, out: torch.Tensor | None = None) -> torch.Tensor:
-        """(P,) posterior precision pi_0 + evidence * Fbar. Into ``out``: layer by layer with
-        pi_0 as the layer's one number (the same sums, one (P,) array fewer to read)."""
-        w = self._fisher_weight()
-        if out is None:
-            return torch.add(self.prec0, self.fisher, alpha=w)
-        o = 0
-        for i in range(self.n_layers):
-            n = _numel(self.shapes[2 * i]) + _numel(self.shapes[2 * i + 1])
-            torch.add(self._prec0_layer[i].expand(n), self.fisher[o:o + n], alpha=w,
-                      out=out[o:o + n])
-            o += n
-        return out
+        """(P,) posterior precision pi_0 + evidence * Fbar."""
+        return torch.add(self.prec0, self.fisher, alpha=self._fisher_weight(), out=out)
 
     def sigma(self) -> torch.Tensor:
         """(P,) posterior scales 1 / sqrt(precision)."""
