@@ -225,6 +225,25 @@ def check_same_seed(cls, settings) -> None:
     np.testing.assert_array_equal(a.predict_proba(Zt), b.predict_proba(Zt))
 
 
+def _strided(Z: np.ndarray) -> np.ndarray:
+    """The values of ``Z`` (float32) in a view with a negative stride, not contiguous."""
+    return np.asarray(Z, np.float32)[:, ::-1].copy()[:, ::-1]
+
+
+def check_memory_layout(cls, settings) -> None:
+    """(5b) Features given as strided views (a negative stride, not contiguous: a slice
+    ``z[::-1]`` of the caller's data) are learned and scored exactly as contiguous ones."""
+    Zb, yb, Zs, ys = class_stream()
+    Zt, _ = held_out()
+    a = fitted(cls, settings)
+    b = learn(cls(**settings).fit_base(_strided(Zb), [INT_LABELS[k] for k in yb]),
+              _strided(Zs), ys)
+    np.testing.assert_array_equal(a.predict_proba(Zt), b.predict_proba(_strided(Zt)))
+    a.learn_many(Zs[:3], [INT_LABELS[k] for k in ys[:3]])
+    b.learn_many(_strided(Zs[:3]), [INT_LABELS[k] for k in ys[:3]])
+    np.testing.assert_array_equal(a.predict_proba(Zt), b.predict_proba(_strided(Zt)))
+
+
 def check_state_round_trip(cls, settings) -> None:
     """(6) state_dict -> torch.save -> torch.load(weights_only=True) -> load_state_dict gives
     identical predictions and identical continued learning; state_dict is a snapshot."""
@@ -362,7 +381,8 @@ def check_metadata(cls, settings) -> None:
 
 
 CHECKS = [check_constructor, check_emerging_classes, check_probabilities,
-          check_predict_is_argmax, check_predict_one, check_same_seed, check_state_round_trip,
+          check_predict_is_argmax, check_predict_one, check_same_seed, check_memory_layout,
+          check_state_round_trip,
           check_save_load, check_memory_capacity, check_above_chance, check_bad_input,
           check_metadata]
 

@@ -630,7 +630,7 @@ class Learner:
         found = bad_feature(Z)  # on the values given, before float32 turns 1e39 into inf
         if found is not None:
             raise ValueError(f"{where}: sample at position {first + found[0]} {found[1]}")
-        Z = Z.astype(np.float32, copy=False)
+        Z = np.ascontiguousarray(Z, dtype=np.float32)  # torch.from_numpy takes no negative stride
         if self.dim_ is not None and Z.shape[1] != self.dim_:
             raise ValueError(
                 f"{where}: feature width {Z.shape[1]} differs from the width seen first "

@@ -271,7 +271,7 @@ class CIOSL(BayesHead):
         if slots:
             idx = np.concatenate(slots)  # (r + n_d,)
             X = torch.empty(b + len(idx), Z.shape[1])  # (b + r + n_d, d)
-            X[:b] = torch.from_numpy(Z)
+            X[:b] = torch.from_numpy(np.ascontiguousarray(Z))
             _, ym = mem.batch(idx, out=X[b:])  # the memory's rows written into X
             if replay is not None:
                 Y = torch.cat([Y, ym[:len(replay)]])  # (b + r,)
