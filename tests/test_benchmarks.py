@@ -3,6 +3,7 @@ only that each benchmark still works after the code it measures has changed)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -60,3 +61,29 @@ def test_soak_reports_memory_and_load_corrected_time(tmp_path):
     assert all(float(r[1]) > 0 and 0 <= float(r[6]) <= 1 for r in rows)  # RSS, accuracy
     assert re.fullmatch(r"load-corrected time per sample, last report / first report: [\d.]+",
                         lines[-1])
+
+
+def test_long_stream_reports_drift_and_a_resumed_run_is_the_run(tmp_path):
+    """long_stream.py on its synthetic source: accuracy, time, state and the Bayesian head's
+    diagnostics at each point; stopped at 1,000 and resumed from its checkpoint, it writes
+    the same figures as the run straight through (the stream is a function of the seed and
+    the position, and the learner's state is whole)."""
+    common = ("--source", "synthetic", "--dim", "8", "--classes", "4", "--arrival", "300",
+              "--report-at", "1000,2000")
+    straight, resumed, ckpt = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "b.ckpt"
+    lines = run("long_stream.py", *common, "--samples", "2000", "--out", str(straight),
+                cache=tmp_path)
+    rows = [line.split() for line in lines if line.split()[0].isdigit()]
+    assert [r[0] for r in rows] == ["1000", "2000"], lines
+    assert "dead_l1" in lines[-2] and "data_share_l1" in lines[-2]
+    run("long_stream.py", *common, "--samples", "1000", "--out", str(resumed), "--checkpoint",
+        str(ckpt), cache=tmp_path)
+    lines = run("long_stream.py", *common, "--samples", "2000", "--out", str(resumed),
+                "--checkpoint", str(ckpt), "--resume", cache=tmp_path)
+    assert lines[0] == "resumed at 1000 stream samples"
+    a, b = (json.loads(p.read_text())["points"] for p in (straight, resumed))
+    assert [r["samples"] for r in b] == [1000, 2000]
+    for ra, rb in zip(a, b, strict=True):
+        for key in ra:
+            if key not in ("ms_per_sample", "state_mib"):
+                assert ra[key] == rb[key], key

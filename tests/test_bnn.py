@@ -159,6 +159,31 @@ def test_fisher_estimate_is_the_mean_of_per_row_squared_gradients():
     assert net.fisher_steps == 2
 
 
+def test_fisher_decay_zero_is_the_mean_of_every_update_and_forgets_nothing():
+    """fisher_decay = 0: Fbar is the plain mean of the step estimates (rate 1 / t), the limit
+    of the bias-corrected EMA as its rate goes to 0, so evidence * Fbar is the sum of the
+    per-sample curvature seen: an estimate that shrinks later (a model grown confident) adds
+    less, but never takes back what earlier steps taught."""
+    gen = torch.Generator().manual_seed(3)
+    net = BayesMLP(5, 3, HID, fisher_decay=0.0, generator=gen)
+    X = torch.randn(4, 5, generator=gen)
+    estimates = []
+    for scale in (3.0, 1.0, 0.01, 0.0):  # the curvature the steps see falls to nothing
+        eps, G = noise(4, gen), scale * torch.randn(4, 3, generator=gen)
+        _, cache = net.forward_local(X, eps)
+        estimates.append(reference_fisher(net, X, eps, G))
+        before = net.precision().clone() if len(estimates) > 1 else None
+        net.evidence = float(len(estimates))  # one sample per step, temperature 1
+        net.accumulate_fisher(cache, G)
+        mean = torch.stack(estimates).mean(0)
+        torch.testing.assert_close(net.fisher, mean, rtol=1e-4, atol=1e-9)
+        torch.testing.assert_close(net.precision(), net.prec0 + net.evidence * mean,
+                                   rtol=1e-4, atol=1e-6)
+        if before is not None:  # the precision is the prior plus a sum: it never falls
+            assert (net.precision() >= before * (1 - 1e-5)).all()
+    assert net.fisher_steps == 4
+
+
 def test_scales_stay_at_the_prior_for_a_constant_input_and_shrink_for_a_varying_one():
     net = make_net(perturb=False)
     gen = torch.Generator().manual_seed(8)

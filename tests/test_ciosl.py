@@ -389,8 +389,8 @@ def test_settings_and_protocol_defaults():
         CIOSL(prior_refresh="sometimes")
     with pytest.raises(ValueError, match="mc_samples"):
         CIOSL(mc_samples=0)
-    for bad in (0.0, 1.5):
-        with pytest.raises(ValueError, match=r"fisher_decay must be in \(0, 1\]"):
+    for bad in (1e-7, 1.5, -0.5):
+        with pytest.raises(ValueError, match=r"fisher_decay must be 0 \(.*\) or in \[1e-6, 1\]"):
             CIOSL(fisher_decay=bad)
     for bad in ({"train_draws": 0}, {"candidates": -1}, {"uncertainty": "aleatoric"}):
         with pytest.raises(ValueError, match=next(iter(bad))):
@@ -479,3 +479,4 @@ def test_step_kl_is_eq3_as_written_and_stiffens_with_the_stream():
     assert learner._kl_scale(400, rows) == pytest.approx(learner.lambda1 * learner.temperature / 400)
     learner.kl_data, learner._streaming = "step", False  # base training
     assert learner._kl_scale(400, rows) == pytest.approx(learner.lambda1 * learner.temperature / 400)
+

@@ -91,7 +91,8 @@ SETTING_CASES = [
     ("ciosl-prior-scale-tiny", "ciosl", {"prior_scale": 1e-300},
      "ciosl: setting 'prior_scale' must be in [0.001, 1000], got prior_scale=1e-300"),
     ("vcl-coreset-fisher-decay", "vcl_coreset", {"fisher_decay": 1e-300},
-     "vcl_coreset: setting 'fisher_decay' must be in [1e-6, 1]"),
+     "vcl_coreset: fisher_decay must be 0 (the mean of every update: nothing forgotten) or "
+     "in [1e-6, 1]"),
     ("ciosl-train-draws", "ciosl", {"train_draws": 10**6},
      "ciosl: setting 'train_draws' must be in [1, 100], got train_draws=1000000"),
     ("ewc-lam-huge", "ewc", {"lam": 1e300},

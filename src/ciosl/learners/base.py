@@ -328,8 +328,9 @@ SETTING_RANGES: dict[str, Range] = {
     # temperature (evidence N / T in float32 precisions): outside, the softmax is a one-hot of
     # NaN or exactly uniform (predict would answer the first class), the precision overflows
     "temperature": Range(1e-6, 1e6),
-    # EMA rate of the Fisher: below 1e-6 its bias correction 1 / (1 - (1 - r)^t) overflows
-    "fisher_decay": Range(1e-6, 1),
+    # EMA rate of the Fisher: below 1e-6 its bias correction 1 / (1 - (1 - r)^t) overflows;
+    # 0 is the running mean of every update (the Bayesian heads refuse (0, 1e-6))
+    "fisher_decay": Range(0, 1),
     "shrinkage": Range(0, 1),
     # initial prior N(0, s^2 / fan_in): its precision fan_in / s^2 is float32
     "prior_scale": Range(1e-3, 1e3),

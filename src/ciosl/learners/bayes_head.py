@@ -68,8 +68,9 @@ _MINUS_ONE = torch.tensor(-1.0)
 BAYES_HELP = {
     "lambda1": "weight of the KL(q || prior) term of the tempered ELBO (T / N per sample)",
     "temperature": "T: posterior temperature; precision = prior + (N / T) * Fisher, KL x T / N",
-    "fisher_decay": "rate of the running Fisher's EMA (its memory is ~1 / rate updates); "
-                    "the precision is prior + (N / T) * that Fisher",
+    "fisher_decay": "rate of the running Fisher's EMA (its memory is ~1 / rate updates; 0: "
+                    "the mean of every update, nothing forgotten); the precision is prior + "
+                    "(N / T) * that Fisher",
     "prior_scale": "s: initial prior N(0, s^2 / fan_in) per layer",
     "mc_samples": "k: weight draws for the uncertainty score and for prediction=mc",
     "prior_refresh": "when the prior becomes the posterior: every R samples, at a new "
@@ -159,7 +160,8 @@ class BayesHead(Learner):
         settings' ranges (lambda1, temperature, prior_scale, mc_samples, lr, momentum,
         weight_decay, ...) are ``Learner.ranges``, checked after these."""
         return [
-            ("fisher_decay", 0 < self.fisher_decay <= 1, "in (0, 1]"),
+            ("fisher_decay", self.fisher_decay == 0 or 1e-6 <= self.fisher_decay <= 1,
+             "0 (the mean of every update: nothing forgotten) or in [1e-6, 1]"),
             ("refresh_every", self.refresh_every >= 1, ">= 1"),
             ("max_grad_norm", self.max_grad_norm > 0, "> 0"),
             ("base_epochs", self.base_epochs >= 0, ">= 0"),

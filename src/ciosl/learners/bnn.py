@@ -156,8 +156,8 @@ class BayesMLP:
         """evidence / (1 - (1 - decay)^steps): the bias-corrected EMA, times the evidence."""
         if not self.fisher_steps:
             return 0.0
-        if self.fisher_decay >= 1:  # the EMA is the last estimate: no bias (log1p(-1) raises)
-            return self.evidence
+        if self.fisher_decay == 0 or self.fisher_decay >= 1:  # the mean of every update, or
+            return self.evidence  # the last one: no bias (log1p(-1) raises)
         return self.evidence / -math.expm1(self.fisher_steps * math.log1p(-self.fisher_decay))
 
     def precision(self, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -176,7 +176,10 @@ class BayesMLP:
         m = G.shape[0]
         if not m:
             return
-        f, keep, rate = self._fisher_views, 1.0 - self.fisher_decay, self.fisher_decay
+        # rate 0: the running mean of every update (rate 1 / t), the EMA's limit as the rate
+        # goes to 0 (its bias-corrected value tends to that mean): nothing is forgotten
+        rate = self.fisher_decay or 1.0 / (self.fisher_steps + 1)
+        f, keep = self._fisher_views, 1.0 - rate
         g = G / math.sqrt(m)  # squares average over the rows
         for i in reversed(range(self.n_layers)):
             h, h2 = cache.layers[i][0][:m], cache.layers[i][1][:m]
