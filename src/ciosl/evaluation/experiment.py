@@ -28,7 +28,7 @@ import numpy as np
 import ciosl
 from ciosl.data.orderings import Ordering, check_kind, limit_per_class, make_ordering
 from ciosl.data.types import DatasetSpec, FeatureSet
-from ciosl.errors import is_out_of_memory, out_of_memory
+from ciosl.errors import is_out_of_memory, out_of_memory, shown
 from ciosl.evaluation.checkpoint import (
     checkpoint_path,
     identity,
@@ -53,9 +53,12 @@ from ciosl.evaluation.protocol import (
 )
 from ciosl.fileio import (
     MAX_TEXT_BYTES,
+    ClaimedError,
     atomic_write_json,
     check_regular,
     check_writable,
+    claim,
+    dangling_text,
     load_json,
     read_bytes,
 )
@@ -645,6 +648,34 @@ def run_experiment(exp: ExperimentSpec, *,
         check_writable(exp.out_dir)  # before any work, not after hours of it
     if exp.cache_dir:  # a cache that is no folder is named now, not as an entry's path later
         check_writable(exp.cache_dir, "--cache")
+    if exp.out_dir is None:
+        return _run_experiment(exp, spec, cls, settings, on_start, on_progress, on_run,
+                               on_resume)
+    path = experiment_path(exp, cls)
+    check_names(path, checkpoint_path(path))
+    seeds = ",".join(map(str, exp.seeds))
+    try:  # one writer of a result at a time: a second is refused now, not after its work
+        with claim(path, f"pid {os.getpid()}, seeds {shown(seeds, 40)}"):
+            return _run_experiment(exp, spec, cls, settings, on_start, on_progress, on_run,
+                                   on_resume)
+    except ClaimedError as e:
+        raise ValueError(f"{e}: refused to start a second writer of it before any work; wait "
+                         "for that one to end (then --seeds including its seeds extends the "
+                         "result), or choose another --out") from None
+
+
+def check_names(path: Path, ckpt: Path) -> None:
+    """A dangling symbolic link at the result's or the checkpoint's name, refused before any
+    work (with ``--force`` or ``--resume`` too): there is nothing to replace or resume there,
+    and writing through it would create the target's folders."""
+    for name, what in ((path, "result"), (ckpt, "checkpoint")):
+        if os.path.islink(name) and not os.path.exists(name):
+            raise ValueError(f"{what} {dangling_text(name)}: refused before any work; remove "
+                             "the link, or choose another --out")
+
+
+def _run_experiment(exp: ExperimentSpec, spec: DatasetSpec, cls: type[Learner],
+                    settings: dict[str, Any], on_start, on_progress, on_run, on_resume) -> dict:
     fs = load_features(exp, spec)
     offline = offline_settings(exp, spec)
     cache_dir = Path(exp.cache_dir) if exp.cache_dir else None
@@ -659,8 +690,8 @@ def run_experiment(exp: ExperimentSpec, *,
     header = result_header(exp, spec, cls, settings, fs, offline)
     if exp.out_dir is not None:  # finished runs are saved there at once, whatever happens next
         path = experiment_path(exp, cls)
-        check_overwrite(path, header, force=exp.force, seeds=exp.seeds)  # before any work
         ckpt = checkpoint_path(path)
+        check_overwrite(path, header, force=exp.force, seeds=exp.seeds)  # before any work
         remove_stale_temporaries(ckpt)
         if exp.resume and os.path.lexists(ckpt):
             check_regular(ckpt, "checkpoint")  # a FIFO there would block the reader
@@ -700,9 +731,10 @@ def run_experiment(exp: ExperimentSpec, *,
         # again: another command may have written there meanwhile (the runs are checkpointed)
         try:
             check_overwrite(result["path"], header, force=exp.force, seeds=exp.seeds)
-        except ValueError as e:
-            raise ValueError(f"{e} (the {len(runs)} finished run(s) are saved: the same "
-                             "command with --resume writes the result)") from None
+        except ValueError as e:  # what works: tested in tests/test_concurrent_runs.py
+            raise ValueError(f"{e} (the {len(runs)} finished run(s) are saved in {ckpt}: the "
+                             "same command with --resume --force writes this result in its "
+                             "place, or move that file away and add --resume)") from None
         try:
             atomic_write_json(result["path"], result)
         except OSError as e:  # a full disk, say: the runs are in the checkpoint
