@@ -215,6 +215,9 @@ def parse_value(setting: Setting, text: str) -> Any:
         raise ValueError(
             f"setting {setting.name!r} expects {t.__name__}, got {echo(text)}"
         ) from None
+    if isinstance(value, float) and math.isinf(value) and "inf" not in text.lower():
+        raise ValueError(f"setting {setting.name!r} expects a finite number, got {echo(text)}: "
+                         "too large for a float (it reads as inf)")
     check_finite(setting, value)
     return value
 
