@@ -566,31 +566,45 @@ def check_overwrite(path: str | Path, new: dict, *, force: bool = False,
     ``result_header``; see ``identity_of``), whatever wrote it, or ``force``. With ``seeds``
     (``ciosl run``): also refuse to drop finished runs of the same experiment, seeds the file
     holds and the new result does not."""
-    path = Path(path)
-    if force or not os.path.lexists(path):
+    if force:
         return
-    hint = f"--force replaces it, or choose another {what}"
+    problem = overwrite_problem(path, new, seeds)
+    if problem is None:
+        return
+    text, dropped = problem
+    if dropped:
+        raise ValueError(f"{text}: refused to drop them; give --seeds including them, or "
+                         "--force replaces it")
+    raise ValueError(f"{text}: refused to replace it; --force replaces it, or choose another "
+                     f"{what}")
+
+
+def overwrite_problem(path: str | Path, new: dict, seeds: Sequence[int] | None = None
+                      ) -> tuple[str, bool] | None:
+    """Why ``path`` may not be replaced by ``new`` (``check_overwrite``), and whether it is
+    that finished runs would be dropped; None if it may."""
+    path = Path(path)
+    if not os.path.lexists(path):
+        return None
     try:
         old = load_json(path, "result")
     except (OSError, ValueError) as e:
-        raise ValueError(f"{e if isinstance(e, ValueError) else message_of(e)}: refused to "
-                         f"replace it; {hint}") from None
+        return (str(e) if isinstance(e, ValueError) else message_of(e)), False
     if not isinstance(old, dict) or not all(isinstance(old.get(k), str)
                                             for k in ("dataset", "ordering", "method")):
-        raise ValueError(f"{path} holds no ciosl result: refused to replace it; {hint}")
+        return f"{path} holds no ciosl result", False
     diff = differences(old, new)
     if diff:
         more = f"; and {len(diff) - 1} more" if len(diff) > 1 else ""
-        raise ValueError(f"{path} holds another experiment ({diff[0]}{more}): refused to "
-                         f"replace it; {hint}")
+        return f"{path} holds another experiment ({diff[0]}{more})", False
     held = old.get("seeds")
     if seeds is not None and isinstance(held, list):
         lost = sorted({s for s in held if isinstance(s, int)} - {int(s) for s in seeds})
         if lost:
             shown = ",".join(map(str, lost[:10])) + ("..." if len(lost) > 10 else "")
-            raise ValueError(f"{path} holds finished runs of this experiment that this one "
-                             f"does not repeat (seeds {shown}): refused to drop them; give "
-                             f"--seeds including them, or --force replaces it")
+            return (f"{path} holds finished runs of this experiment that this one does not "
+                    f"repeat (seeds {shown})"), True
+    return None
 
 
 def message_of(e: OSError) -> str:
@@ -646,13 +660,13 @@ def run_experiment(exp: ExperimentSpec, *,
     spec, cls, settings = validate(exp)
     if exp.out_dir is not None:
         check_writable(exp.out_dir)  # before any work, not after hours of it
+        check_names(experiment_path(exp, cls))
     if exp.cache_dir:  # a cache that is no folder is named now, not as an entry's path later
         check_writable(exp.cache_dir, "--cache")
     if exp.out_dir is None:
         return _run_experiment(exp, spec, cls, settings, on_start, on_progress, on_run,
                                on_resume)
     path = experiment_path(exp, cls)
-    check_names(path, checkpoint_path(path))
     seeds = ",".join(map(str, exp.seeds))
     try:  # one writer of a result at a time: a second is refused now, not after its work
         with claim(path, f"pid {os.getpid()}, seeds {shown(seeds, 40)}"):
@@ -664,11 +678,11 @@ def run_experiment(exp: ExperimentSpec, *,
                          "result), or choose another --out") from None
 
 
-def check_names(path: Path, ckpt: Path) -> None:
-    """A dangling symbolic link at the result's or the checkpoint's name, refused before any
-    work (with ``--force`` or ``--resume`` too): there is nothing to replace or resume there,
-    and writing through it would create the target's folders."""
-    for name, what in ((path, "result"), (ckpt, "checkpoint")):
+def check_names(path: Path) -> None:
+    """A dangling symbolic link at the result's name ``path`` or its checkpoint's, refused
+    before any work (with ``--force`` or ``--resume`` too): there is nothing to replace or
+    resume there, and writing through it would create the target's folders."""
+    for name, what in ((path, "result"), (checkpoint_path(path), "checkpoint")):
         if os.path.islink(name) and not os.path.exists(name):
             raise ValueError(f"{what} {dangling_text(name)}: refused before any work; remove "
                              "the link, or choose another --out")
@@ -728,13 +742,14 @@ def _run_experiment(exp: ExperimentSpec, spec: DatasetSpec, cls: type[Learner],
                        wall_seconds=elapsed + time.time() - started)
     if exp.out_dir is not None:
         result["path"] = str(experiment_path(exp, cls))
-        # again: another command may have written there meanwhile (the runs are checkpointed)
-        try:
-            check_overwrite(result["path"], header, force=exp.force, seeds=exp.seeds)
-        except ValueError as e:  # what works: tested in tests/test_concurrent_runs.py
-            raise ValueError(f"{e} (the {len(runs)} finished run(s) are saved in {ckpt}: the "
-                             "same command with --resume --force writes this result in its "
-                             "place, or move that file away and add --resume)") from None
+        # again: something else may have written there meanwhile (the runs are checkpointed);
+        # the advice is followed in tests/test_concurrent_runs.py
+        problem = None if exp.force else overwrite_problem(result["path"], header, exp.seeds)
+        if problem is not None:
+            raise ValueError(f"{problem[0]}: refused to {'drop them' if problem[1] else 'replace it'}"
+                             f"; the {len(runs)} finished run(s) are saved in {ckpt}: the same "
+                             "command with --resume --force writes this result in its place, or "
+                             "move that file away and add --resume")
         try:
             atomic_write_json(result["path"], result)
         except OSError as e:  # a full disk, say: the runs are in the checkpoint

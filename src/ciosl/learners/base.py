@@ -846,8 +846,9 @@ class Learner:
         return max(proba, key=proba.__getitem__)
 
     def score(self, Z, y) -> float:
-        """Accuracy; test labels never seen in training count as wrong."""
-        y = np.asarray(y).reshape(-1)
+        """Accuracy; test labels never seen in training count as wrong. Labels are compared
+        as the Python values they are (a list holding 2**64 - 1 would become floats)."""
+        y = np.asarray(y, dtype=object).reshape(-1)
         if len(y) == 0:
             raise ValueError("score: empty test set")
         pred = self.predict(Z)
