@@ -46,6 +46,8 @@ def magnitude(value: int) -> str:
     exp = int(math.log10(abs(value)))  # math.log10 takes ints of any size
     exp += (abs(value) >= 10**(exp + 1)) - (abs(value) < 10**exp)  # log10's rounding
     mantissa = abs(value) / 10**exp  # int / int: exact to a float, however large
+    if f"{mantissa:.3g}" == "10":  # 10**40 - 1 rounds up: 1e+40, not 10e+39
+        mantissa, exp = mantissa / 10, exp + 1
     return f"{'-' if value < 0 else ''}{mantissa:.3g}e+{exp} (an int)"
 
 

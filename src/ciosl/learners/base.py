@@ -404,8 +404,8 @@ def check_range(setting: Setting, value: Any, allowed: Range | None, prefix: str
 
 def check_finite(setting: Setting, value: Any, prefix: str = "") -> None:
     """Refuse NaN for every number setting, and infinity unless the setting documents it."""
-    if isinstance(value, bool) or not isinstance(value, int | float | np.number):
-        return
+    if isinstance(value, bool) or not isinstance(value, float | np.floating):
+        return  # an integer is finite (and math.isnan(10**400) would overflow)
     if math.isnan(value) or (math.isinf(value) and not allows_inf(setting)):
         raise ValueError(f"{prefix}setting {setting.name!r} expects a finite number, got "
                          f"{setting.name}={echo(value)}")
