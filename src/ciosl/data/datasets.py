@@ -192,7 +192,7 @@ def get_spec(name: str) -> DatasetSpec:
                          "a .npz with train_z, train_y, test_z, test_y",
                          base_epochs=50, base_batch_size=128)
     if name not in DATASETS:
-        raise ValueError(f"unknown dataset {name!r}; valid choices: "
+        raise ValueError(f"unknown dataset {echo(name)}; valid choices: "
                          f"{', '.join(DATASETS)}, {FEATURES_PREFIX}PATH")
     return DATASETS[name]
 

@@ -28,7 +28,7 @@ import numpy as np
 import ciosl
 from ciosl.data.orderings import Ordering, check_kind, limit_per_class, make_ordering
 from ciosl.data.types import DatasetSpec, FeatureSet
-from ciosl.errors import is_out_of_memory, out_of_memory, shown
+from ciosl.errors import echo, is_out_of_memory, out_of_memory, shown
 from ciosl.evaluation.checkpoint import (
     checkpoint_path,
     identity,
@@ -128,7 +128,7 @@ def check_seeds(seeds: Sequence[int], flag: str = "--seeds") -> list[int]:
         raise ValueError(f"{flag}: no runs requested")
     bad = [s for s in seeds if isinstance(s, bool) or not isinstance(s, int | np.integer) or s < 0]
     if bad:
-        raise ValueError(f"{flag} expects integers >= 0, got {bad[0]!r}")
+        raise ValueError(f"{flag} expects integers >= 0, got {echo(bad[0])}")
     big = [s for s in seeds if s > MAX_SEED]
     if big:
         raise ValueError(f"{flag}: a seed must be <= {MAX_SEED}, got {big[0]}")
@@ -169,7 +169,7 @@ def parse_assignments(items: Sequence[str]) -> dict[str, str]:
     for item in items:
         name, sep, value = item.partition("=")
         if not sep or not name.strip():
-            raise ValueError(f"--set expects name=value, got {item!r}")
+            raise ValueError(f"--set expects name=value, got {echo(item)}")
         out[name.strip()] = value.strip()
     return out
 
@@ -184,7 +184,7 @@ def resolve_settings(cls: type[Learner], spec: DatasetSpec, ordering: str,
     unknown = sorted(set(overrides) - set(known))
     if unknown:
         raise ValueError(
-            f"unknown setting(s) {', '.join(unknown)} for method {cls.name!r}; valid settings: "
+            f"unknown setting(s) {shown(', '.join(unknown))} for method {cls.name!r}; valid settings: "
             f"{', '.join(sorted(known)) or '(none)'}"
         )
     if buffer is not None and "buffer" in overrides:
@@ -359,7 +359,7 @@ def validate(exp: ExperimentSpec) -> tuple[DatasetSpec, type[Learner], dict[str,
     check_kind(exp.ordering)
     if exp.ordering not in spec.orderings:
         raise ValueError(
-            f"dataset {exp.dataset!r} does not support the {exp.ordering!r} ordering; valid "
+            f"dataset {echo(exp.dataset)} does not support the {exp.ordering!r} ordering; valid "
             f"choices: {', '.join(spec.orderings)}"
         )
     if exp.extractor is not None:

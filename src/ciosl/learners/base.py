@@ -274,19 +274,19 @@ def plain_label(label: Any, *, where: str) -> int | str:
     return int.__int__(label) if isinstance(label, int) else str.__str__(label)
 
 
-INT64 = np.iinfo(np.int64)
-
-
 def label_array(labels: list) -> np.ndarray:
     """``labels`` (plain ints, or plain strs) as an array holding exactly those values:
     int64 when every integer fits it, else an object array of Python ints; strings as a NumPy
     string array."""
-    if labels and isinstance(labels[0], int) and not all(
-            INT64.min <= v <= INT64.max for v in labels):
-        out = np.empty(len(labels), dtype=object)
-        out[:] = labels
-        return out
-    return np.asarray(labels)
+    try:
+        arr = np.asarray(labels)
+    except OverflowError:
+        arr = None
+    if arr is not None and arr.dtype.kind in "iU":  # NumPy's own choice holds them exactly
+        return arr
+    out = np.empty(len(labels), dtype=object)  # it would make 2**64 - 1 a float
+    out[:] = labels
+    return out
 
 
 def _hashable(v: Any) -> Any:
