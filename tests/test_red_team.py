@@ -413,7 +413,8 @@ REPORT_CASES = [
     ("run-not-object", {"runs.json": {"runs": ["x"]}},
      "warning: skipped {}/runs.json: malformed result: runs[0] must be an object"),
     ("duplicate", {"copy/digits_class_iid_ncm.json": {"runs": "first"}},
-     "note: 2 results for NCM on digits ≤12/class / class_iid: used "
+     # the column names its protocol where it departs from the dataset's (30 offline epochs)
+     "note: 2 results for NCM on digits ≤12/class (offline_epochs=2) / class_iid: used "
      "digits_class_iid_ncm.json (2 runs; the most runs, then the newest), not "
      "copy/digits_class_iid_ncm.json (1 runs)"),
 ]

@@ -412,7 +412,9 @@ def test_numeric_options_have_an_upper_bound(argv, fragment, tmp_path, capsys, m
 
 
 def python_calls(fn) -> int:
-    """The Python function calls ``fn()`` makes (a count of work, not a time)."""
+    """The Python function calls ``fn()`` makes (a count of work, not a time); the garbage
+    collector is off meanwhile (its finalizers would add calls that are not ``fn``'s)."""
+    import gc
     import sys
 
     calls = [0]
@@ -420,11 +422,14 @@ def python_calls(fn) -> int:
     def count(frame, event, arg):
         calls[0] += event == "call"
 
+    gc.collect()
+    gc.disable()
     sys.setprofile(count)
     try:
         fn()
     finally:
         sys.setprofile(None)
+        gc.enable()
     return calls[0]
 
 
@@ -450,7 +455,9 @@ def test_per_event_metrics_do_not_loop_over_classes():
 
     python_calls(metrics(100)[0])  # warm-up: first calls import and cache
     small, big = (python_calls(metrics(C)[0]) for C in (2_000, 20_000))
-    assert small == big
+    # a loop over the classes would make 18,000 more (one per class at least); a few calls
+    # may come and go with NumPy's own caches
+    assert big - small < 100, (small, big)
     work, out, pred, y = metrics(20_000)
     work()
     assert out["counts"][0]["5"] == [int((pred[y == 5] == 5).sum()), 2]
