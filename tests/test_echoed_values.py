@@ -68,9 +68,9 @@ GRIDS = [
     (f'[settings.tinyer]\nbuffer = {DIGITS}', "it holds an integer of more digits than Python "
                                               "reads (no setting takes one)"),
     (f'[settings.tinyer]\nbuffer = {"9" * 40}', "settings.tinyer.buffer: expects a number of "
-                                                "at most 30 digits, got 1e+40 (an int)"),
-    (f'[grid.tinyer]\nbuffer = [{"9" * 40}]', "grid.tinyer.buffer: expects a number of at "
-                                              "most 30 digits, got 1e+40 (an int)"),
+                                                f"at most 30 digits, got {'9' * 40}"),
+    (f'[grid.tinyer]\nbuffer = [{"9" * 100}]', "grid.tinyer.buffer: expects a number of at "
+                                               "most 30 digits, got 1e+100 (an int)"),
     (f'[variants.tinyer.{"v" * 1000}]\nlr = "{LONG}"', "expects a number, got string 'xxxx"),
 ]
 
@@ -124,7 +124,8 @@ def test_the_river_adapter_still_takes_a_longdouble_in_range():
 
 # the helpers themselves: (value, what echo shows)
 ECHOES = [(LONG, "'" + "x" * 79 + "... (100,002 characters)"), (10**5000, "1e+5000 (an int)"),
-          (-(10**30), "-1e+30 (an int)"), (12345, "12345"), ("short", "'short'"),
+          (-(10**90), "-1e+90 (an int)"), (10**40 - 1, "9" * 40),
+          (10**100 - 1, "1e+100 (an int)"), (12345, "12345"), ("short", "'short'"),
           ([10**5000], "<list>")]
 
 

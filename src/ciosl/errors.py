@@ -39,9 +39,9 @@ def shown(text: str, width: int = ECHO_WIDTH) -> str:
 
 
 def magnitude(value: int) -> str:
-    """An int of more than 20 digits as its order of magnitude ("1e+400 (an int)"): all its
-    digits would make a long line (or, past Python's 4300, none at all)."""
-    if abs(value) < 10**20:
+    """An int of more than ``ECHO_WIDTH`` digits as its order of magnitude ("1e+400 (an
+    int)"): all its digits would make a long line (or, past Python's 4300, none at all)."""
+    if abs(value) < 10**ECHO_WIDTH:
         return repr(value)
     exp = int(math.log10(abs(value)))  # math.log10 takes ints of any size
     exp += (abs(value) >= 10**(exp + 1)) - (abs(value) < 10**exp)  # log10's rounding
