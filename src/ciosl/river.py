@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 from river import base
 
+from ciosl.errors import echo
 from ciosl.learners.base import MAX_FEATURE, Learner
 
 
@@ -63,7 +64,7 @@ class RiverClassifier(base.Classifier):
         for k, v in x.items():
             i = index.get(k)
             if i is None:
-                raise ValueError(f"RiverClassifier.{where}: feature {k!r} was not in the first "
+                raise ValueError(f"RiverClassifier.{where}: feature {echo(k)} was not in the first "
                                  f"sample ({len(layout)} features); the width is fixed")
             z[i] = _number(k, v, where)
         return z, layout
@@ -95,29 +96,21 @@ def _number(key: Any, value: Any, where: str) -> float:
         value = value[()]
     if isinstance(value, np.generic):
         value = value.item()
+    if isinstance(value, np.floating):  # a longdouble beyond float's range: item() keeps it
+        finite = bool(np.isfinite(value))
+        if not finite or abs(value) > MAX_FEATURE:
+            shown = np.format_float_scientific(value, precision=3, trim='-')
+            raise ValueError(f"RiverClassifier.{where}: feature {echo(key)} = {shown} (a "
+                             f"{type(value).__name__}) is {'not finite' if not finite else 'too large'}"
+                             f" (features must be finite numbers within +-{MAX_FEATURE:.0e})")
+        value = float(value)
     if not isinstance(value, int | float) or isinstance(value, complex):
-        raise TypeError(f"RiverClassifier.{where}: feature {key!r} must be a real number, got "
-                        f"{type(value).__name__} {_short(value)}")
+        raise TypeError(f"RiverClassifier.{where}: feature {echo(key)} must be a real number, got "
+                        f"{type(value).__name__} {echo(value)}")
     # an int is compared as it is: float() of 10**400 would raise a bare OverflowError
     finite = isinstance(value, int) or math.isfinite(value)
     if not finite or abs(value) > MAX_FEATURE:
-        raise ValueError(f"RiverClassifier.{where}: feature {key!r} = {_magnitude(value)} is "
+        raise ValueError(f"RiverClassifier.{where}: feature {echo(key)} = {echo(value)} is "
                          f"{'not finite' if not finite else 'too large'} (features "
                          f"must be finite numbers within +-{MAX_FEATURE:.0e})")
     return float(value)
-
-
-def _magnitude(value: int | float) -> str:
-    """``repr``, or for an int of more than 20 digits its order of magnitude ("1e+400 (an
-    int)"): all its digits would make a long line (or, past 4300, none at all)."""
-    if not isinstance(value, int) or abs(value) < 10**20:
-        return repr(value)
-    exp = int(math.log10(abs(value)))  # math.log10 takes ints of any size
-    exp += (abs(value) >= 10**(exp + 1)) - (abs(value) < 10**exp)  # log10's rounding
-    mantissa = abs(value) / 10**exp  # int / int: exact to a float, however large
-    return f"{'-' if value < 0 else ''}{mantissa:.3g}e+{exp} (an int)"
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."

@@ -23,7 +23,8 @@ from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from ciosl.learners.base import Learner, make_learner
+from ciosl.errors import echo
+from ciosl.learners.base import Learner, make_learner, plain_label
 
 
 class StreamingClassifier(ClassifierMixin, BaseEstimator):
@@ -40,8 +41,19 @@ class StreamingClassifier(ClassifierMixin, BaseEstimator):
         return make_learner(self.method, **(self.settings or {}), seed=self.random_state)
 
     def _check_y(self, y) -> np.ndarray:
+        """``y`` as an array scikit-learn takes for a classifier. An object array of integers
+        (``[2**63, 0]``: no int64 holds them) is not "a regression target": it becomes int64
+        or uint64 if one holds it, else the label table refuses it, naming the label."""
+        y = np.asarray(y)
+        if y.dtype == object:
+            values = [_item(v) for v in y.reshape(-1).tolist()]
+            if values and all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+                for dtype in (np.dtype(np.int64), np.dtype(np.uint64)):
+                    if _holds(dtype, values):
+                        return np.array(values, dtype=dtype).reshape(y.shape)
+                return y
         check_classification_targets(y)
-        return np.asarray(y)
+        return y
 
     @contextlib.contextmanager
     def _unchanged_on_error(self):
@@ -187,16 +199,21 @@ def _kind(label: Any) -> str:
 
 
 def _item(value: Any) -> Any:
-    """A numpy scalar as the Python value it holds."""
-    return value.item() if isinstance(value, np.generic) else value
+    """A numpy scalar as the Python value it holds; a subclass of int or str (an ``IntEnum``,
+    ``class MyStr(str)``) as the plain value it holds (``plain_label``), so that the label
+    table and ``classes_`` hold only plain values."""
+    value = value.item() if isinstance(value, np.generic) else value
+    if isinstance(value, int | str) and not isinstance(value, bool) and type(value) not in (
+            int, str):
+        return plain_label(value, where="labels")
+    return value
 
 
 def _show(value: Any) -> str:
     """``repr``, cut short (a label may be a long string or a huge integer)."""
     if isinstance(value, int) and value.bit_length() > 200:
         return f"an integer of {value.bit_length()} bits"
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    return echo(value, 60)
 
 
 _CATEGORIES = "bif"  # bool < int < float: numeric labels convert to the widest of y and known

@@ -27,6 +27,7 @@ from ciosl.data.instances import make_instance_dataset
 from ciosl.data.safe_pickle import BadPickleError, safe_load
 from ciosl.data.types import ArrayImages, DatasetSpec, RawDataset
 from ciosl.data.video import make_video_dataset
+from ciosl.errors import echo
 from ciosl.fileio import kind_of
 from ciosl.learners.base import bad_feature
 
@@ -191,7 +192,7 @@ def get_spec(name: str) -> DatasetSpec:
                          "a .npz with train_z, train_y, test_z, test_y",
                          base_epochs=50, base_batch_size=128)
     if name not in DATASETS:
-        raise ValueError(f"unknown dataset {name!r}; valid choices: "
+        raise ValueError(f"unknown dataset {echo(name)}; valid choices: "
                          f"{', '.join(DATASETS)}, {FEATURES_PREFIX}PATH")
     return DATASETS[name]
 
@@ -552,7 +553,7 @@ def load_features(path: str | Path) -> RawDataset:
         raise bad("test_y has labels that never occur in train_y")
     ytr, yte = np.searchsorted(classes, d["train_y"]), np.searchsorted(classes, d["test_y"])
     if "class_names" in d:
-        names = [str(n) for n in np.asarray(d["class_names"]).ravel()]
+        names = _class_names(np.asarray(d["class_names"]).ravel(), bad)
         if len(names) == len(classes):
           pass  # one name per class present, in sorted label order
         elif classes.min() >= 0 and classes.max() < len(names):
@@ -566,6 +567,22 @@ def load_features(path: str | Path) -> RawDataset:
     return RawDataset(name, "features", z["train"], ytr.astype(np.int64), z["test"],
                     yte.astype(np.int64), tuple(names), _fingerprint("features", arrays),
                     meta={"path": str(path), "original_labels": classes}, **extra)
+
+
+def _class_names(names: np.ndarray, bad: Callable[[str], ValueError]) -> list[str]:
+    """Class names as text: byte strings (``np.array([b"cat"])``, dtype ``S``) decoded as
+    UTF-8, never recorded as ``"b'cat'"``; bytes that are no UTF-8 are refused, naming the
+    entry."""
+    if names.dtype.kind != "S":
+        return [str(n) for n in names]
+    out = []
+    for i, n in enumerate(names.tolist()):
+        try:
+            out.append(n.decode("utf-8"))
+        except UnicodeDecodeError as e:
+            raise bad(f"class_names[{i}] = {echo(n)} is not UTF-8 text (byte {e.start}); give "
+                      "the names as text (a str array) or as UTF-8 bytes") from None
+    return out
 
 
 # ---------------------------------------------------------------- registry entry points

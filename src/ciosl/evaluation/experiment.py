@@ -28,7 +28,7 @@ import numpy as np
 import ciosl
 from ciosl.data.orderings import Ordering, check_kind, limit_per_class, make_ordering
 from ciosl.data.types import DatasetSpec, FeatureSet
-from ciosl.errors import is_out_of_memory, out_of_memory
+from ciosl.errors import echo, is_out_of_memory, out_of_memory, shown
 from ciosl.evaluation.checkpoint import (
     checkpoint_path,
     identity,
@@ -53,9 +53,12 @@ from ciosl.evaluation.protocol import (
 )
 from ciosl.fileio import (
     MAX_TEXT_BYTES,
+    ClaimedError,
     atomic_write_json,
     check_regular,
     check_writable,
+    claim,
+    dangling_text,
     load_json,
     read_bytes,
 )
@@ -125,7 +128,7 @@ def check_seeds(seeds: Sequence[int], flag: str = "--seeds") -> list[int]:
         raise ValueError(f"{flag}: no runs requested")
     bad = [s for s in seeds if isinstance(s, bool) or not isinstance(s, int | np.integer) or s < 0]
     if bad:
-        raise ValueError(f"{flag} expects integers >= 0, got {bad[0]!r}")
+        raise ValueError(f"{flag} expects integers >= 0, got {echo(bad[0])}")
     big = [s for s in seeds if s > MAX_SEED]
     if big:
         raise ValueError(f"{flag}: a seed must be <= {MAX_SEED}, got {big[0]}")
@@ -166,7 +169,7 @@ def parse_assignments(items: Sequence[str]) -> dict[str, str]:
     for item in items:
         name, sep, value = item.partition("=")
         if not sep or not name.strip():
-            raise ValueError(f"--set expects name=value, got {item!r}")
+            raise ValueError(f"--set expects name=value, got {echo(item)}")
         out[name.strip()] = value.strip()
     return out
 
@@ -181,7 +184,7 @@ def resolve_settings(cls: type[Learner], spec: DatasetSpec, ordering: str,
     unknown = sorted(set(overrides) - set(known))
     if unknown:
         raise ValueError(
-            f"unknown setting(s) {', '.join(unknown)} for method {cls.name!r}; valid settings: "
+            f"unknown setting(s) {shown(', '.join(unknown))} for method {cls.name!r}; valid settings: "
             f"{', '.join(sorted(known)) or '(none)'}"
         )
     if buffer is not None and "buffer" in overrides:
@@ -356,7 +359,7 @@ def validate(exp: ExperimentSpec) -> tuple[DatasetSpec, type[Learner], dict[str,
     check_kind(exp.ordering)
     if exp.ordering not in spec.orderings:
         raise ValueError(
-            f"dataset {exp.dataset!r} does not support the {exp.ordering!r} ordering; valid "
+            f"dataset {echo(exp.dataset)} does not support the {exp.ordering!r} ordering; valid "
             f"choices: {', '.join(spec.orderings)}"
         )
     if exp.extractor is not None:
@@ -563,31 +566,45 @@ def check_overwrite(path: str | Path, new: dict, *, force: bool = False,
     ``result_header``; see ``identity_of``), whatever wrote it, or ``force``. With ``seeds``
     (``ciosl run``): also refuse to drop finished runs of the same experiment, seeds the file
     holds and the new result does not."""
-    path = Path(path)
-    if force or not os.path.lexists(path):
+    if force:
         return
-    hint = f"--force replaces it, or choose another {what}"
+    problem = overwrite_problem(path, new, seeds)
+    if problem is None:
+        return
+    text, dropped = problem
+    if dropped:
+        raise ValueError(f"{text}: refused to drop them; give --seeds including them, or "
+                         "--force replaces it")
+    raise ValueError(f"{text}: refused to replace it; --force replaces it, or choose another "
+                     f"{what}")
+
+
+def overwrite_problem(path: str | Path, new: dict, seeds: Sequence[int] | None = None
+                      ) -> tuple[str, bool] | None:
+    """Why ``path`` may not be replaced by ``new`` (``check_overwrite``), and whether it is
+    that finished runs would be dropped; None if it may."""
+    path = Path(path)
+    if not os.path.lexists(path):
+        return None
     try:
         old = load_json(path, "result")
     except (OSError, ValueError) as e:
-        raise ValueError(f"{e if isinstance(e, ValueError) else message_of(e)}: refused to "
-                         f"replace it; {hint}") from None
+        return (str(e) if isinstance(e, ValueError) else message_of(e)), False
     if not isinstance(old, dict) or not all(isinstance(old.get(k), str)
                                             for k in ("dataset", "ordering", "method")):
-        raise ValueError(f"{path} holds no ciosl result: refused to replace it; {hint}")
+        return f"{path} holds no ciosl result", False
     diff = differences(old, new)
     if diff:
         more = f"; and {len(diff) - 1} more" if len(diff) > 1 else ""
-        raise ValueError(f"{path} holds another experiment ({diff[0]}{more}): refused to "
-                         f"replace it; {hint}")
+        return f"{path} holds another experiment ({diff[0]}{more})", False
     held = old.get("seeds")
     if seeds is not None and isinstance(held, list):
         lost = sorted({s for s in held if isinstance(s, int)} - {int(s) for s in seeds})
         if lost:
             shown = ",".join(map(str, lost[:10])) + ("..." if len(lost) > 10 else "")
-            raise ValueError(f"{path} holds finished runs of this experiment that this one "
-                             f"does not repeat (seeds {shown}): refused to drop them; give "
-                             f"--seeds including them, or --force replaces it")
+            return (f"{path} holds finished runs of this experiment that this one does not "
+                    f"repeat (seeds {shown})"), True
+    return None
 
 
 def message_of(e: OSError) -> str:
@@ -643,8 +660,36 @@ def run_experiment(exp: ExperimentSpec, *,
     spec, cls, settings = validate(exp)
     if exp.out_dir is not None:
         check_writable(exp.out_dir)  # before any work, not after hours of it
+        check_names(experiment_path(exp, cls))
     if exp.cache_dir:  # a cache that is no folder is named now, not as an entry's path later
         check_writable(exp.cache_dir, "--cache")
+    if exp.out_dir is None:
+        return _run_experiment(exp, spec, cls, settings, on_start, on_progress, on_run,
+                               on_resume)
+    path = experiment_path(exp, cls)
+    seeds = ",".join(map(str, exp.seeds))
+    try:  # one writer of a result at a time: a second is refused now, not after its work
+        with claim(path, f"pid {os.getpid()}, seeds {shown(seeds, 40)}"):
+            return _run_experiment(exp, spec, cls, settings, on_start, on_progress, on_run,
+                                   on_resume)
+    except ClaimedError as e:
+        raise ValueError(f"{e}: refused to start a second writer of it before any work; wait "
+                         "for that one to end (then --seeds including its seeds extends the "
+                         "result), or choose another --out") from None
+
+
+def check_names(path: Path) -> None:
+    """A dangling symbolic link at the result's name ``path`` or its checkpoint's, refused
+    before any work (with ``--force`` or ``--resume`` too): there is nothing to replace or
+    resume there, and writing through it would create the target's folders."""
+    for name, what in ((path, "result"), (checkpoint_path(path), "checkpoint")):
+        if os.path.islink(name) and not os.path.exists(name):
+            raise ValueError(f"{what} {dangling_text(name)}: refused before any work; remove "
+                             "the link, or choose another --out")
+
+
+def _run_experiment(exp: ExperimentSpec, spec: DatasetSpec, cls: type[Learner],
+                    settings: dict[str, Any], on_start, on_progress, on_run, on_resume) -> dict:
     fs = load_features(exp, spec)
     offline = offline_settings(exp, spec)
     cache_dir = Path(exp.cache_dir) if exp.cache_dir else None
@@ -659,8 +704,8 @@ def run_experiment(exp: ExperimentSpec, *,
     header = result_header(exp, spec, cls, settings, fs, offline)
     if exp.out_dir is not None:  # finished runs are saved there at once, whatever happens next
         path = experiment_path(exp, cls)
-        check_overwrite(path, header, force=exp.force, seeds=exp.seeds)  # before any work
         ckpt = checkpoint_path(path)
+        check_overwrite(path, header, force=exp.force, seeds=exp.seeds)  # before any work
         remove_stale_temporaries(ckpt)
         if exp.resume and os.path.lexists(ckpt):
             check_regular(ckpt, "checkpoint")  # a FIFO there would block the reader
@@ -697,12 +742,14 @@ def run_experiment(exp: ExperimentSpec, *,
                        wall_seconds=elapsed + time.time() - started)
     if exp.out_dir is not None:
         result["path"] = str(experiment_path(exp, cls))
-        # again: another command may have written there meanwhile (the runs are checkpointed)
-        try:
-            check_overwrite(result["path"], header, force=exp.force, seeds=exp.seeds)
-        except ValueError as e:
-            raise ValueError(f"{e} (the {len(runs)} finished run(s) are saved: the same "
-                             "command with --resume writes the result)") from None
+        # again: something else may have written there meanwhile (the runs are checkpointed);
+        # the advice is followed in tests/test_concurrent_runs.py
+        problem = None if exp.force else overwrite_problem(result["path"], header, exp.seeds)
+        if problem is not None:
+            raise ValueError(f"{problem[0]}: refused to {'drop them' if problem[1] else 'replace it'}"
+                             f"; the {len(runs)} finished run(s) are saved in {ckpt}: the same "
+                             "command with --resume --force writes this result in its place, or "
+                             "move that file away and add --resume")
         try:
             atomic_write_json(result["path"], result)
         except OSError as e:  # a full disk, say: the runs are in the checkpoint

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ciosl.errors import echo, shown
 from ciosl.evaluation.experiment import (
     MAX_BATCH_SIZE,
     MAX_EPOCHS,
@@ -57,7 +58,7 @@ from ciosl.evaluation.experiment import (
 )
 from ciosl.evaluation.metrics import OMEGA_EVENTS, check_omega_events
 from ciosl.fileio import MAX_TEXT_BYTES, read_text
-from ciosl.learners.base import Setting, get_method
+from ciosl.learners.base import MAX_INT_DIGITS, Setting, get_method
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -170,16 +171,22 @@ def load_grid(path: str | Path, *, out: str | Path | None = None,
         raise GridError(f"{path}: cannot read the grid ({e.strerror or e})") from None
     except ValueError as e:  # not a regular file, too large, not UTF-8: the message names it
         raise GridError(str(e)) from None
+    if text.startswith("\ufeff"):  # a byte-order mark, as some editors write: not TOML's
+        text = text[1:]
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise GridError(f"{path}: not valid TOML: {e}") from None
+    except ValueError as e:  # Python's int() refuses more than 4300 digits
+        why = ("it holds an integer of more digits than Python reads (no setting takes one)"
+               if "digits" in str(e) else f"not valid TOML: {shown(e)}")
+        raise GridError(f"{path}: {why}") from None
     grid = parse_grid(raw, source=str(path), text=text, out=out, default_name=path.stem)
     if seeds is not None:
         if (not seeds or any(s < 0 or s > MAX_SEED for s in seeds)
                 or len(set(seeds)) != len(seeds) or len(seeds) > MAX_RUNS):
             raise GridError(f"seeds: expects at most {MAX_RUNS} distinct integers from 0 to "
-                            f"{MAX_SEED}, got {seeds!r}")
+                            f"{MAX_SEED}, got {echo(seeds)}")
         if len(seeds) * len(grid.cells) > MAX_GRID_RUNS:
             raise GridError(f"seeds: {len(grid.cells)} cells x {len(seeds)} runs is more than "
                             f"the {MAX_GRID_RUNS} runs a sweep accepts")
@@ -213,22 +220,22 @@ class _Parser:
             return default
         value = self.raw[key]
         if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
-            raise self.fail(key, f"expects {what}, got {_type_name(value)} {value!r}")
+            raise self.fail(key, f"expects {what}, got {_type_name(value)} {echo(value)}")
         return value
 
     def str_list(self, key: str, value: Any) -> list[str]:
         if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
-            raise self.fail(key, f"expects a non-empty list of strings, got {value!r}")
+            raise self.fail(key, f"expects a non-empty list of strings, got {echo(value)}")
         if len(set(value)) != len(value):
-            raise self.fail(key, f"lists a name twice: {value!r}")
+            raise self.fail(key, f"lists a name twice: {echo(value)}")
         return list(value)
 
     def positive(self, key: str) -> int | None:
         value = self.get(key, (int,), "a positive integer")
         if value is not None and value < 1:
-            raise self.fail(key, f"expects a positive integer, got {value}")
+            raise self.fail(key, f"expects a positive integer, got {echo(value)}")
         if value is not None and key in BOUNDS and value > BOUNDS[key]:
-            raise self.fail(key, f"must be <= {BOUNDS[key]}, got {value}")
+            raise self.fail(key, f"must be <= {BOUNDS[key]}, got {echo(value)}")
         return value
 
     def grid_name(self, default_name: str) -> str:
@@ -239,7 +246,7 @@ class _Parser:
             return safe if _GRID_NAME.match(safe) else "grid"
         name = self.get("name", (str,), "a string")
         if not _GRID_NAME.match(name):
-            raise self.fail("name", f"{name!r} is not a plain folder name: it names the output "
+            raise self.fail("name", f"{echo(name)} is not a plain folder name: it names the output "
                             "folder (results/<name>), so it must start with a letter or digit "
                             "and hold only letters, digits and '.', '_', '+', '=', '-' (at most "
                             "100), never '/', '..' or a space")
@@ -314,7 +321,7 @@ class _Parser:
     def omega_events(self) -> str:
         value = self.get("omega_events", (str,), "a string", "after_base")
         if value not in OMEGA_EVENTS:
-            raise self.fail("omega_events", f"unknown value {value!r}; valid choices: "
+            raise self.fail("omega_events", f"unknown value {echo(value)}; valid choices: "
                             f"{', '.join(OMEGA_EVENTS)}")
         return value
 
@@ -327,9 +334,9 @@ class _Parser:
                     or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0
                                for s in seeds)):
                 raise self.fail("seeds", f"expects a non-empty list of integers >= 0, got "
-                                f"{seeds!r}")
+                                f"{echo(seeds)}")
             if len(set(seeds)) != len(seeds):
-                raise self.fail("seeds", f"lists a seed twice: {seeds!r}")
+                raise self.fail("seeds", f"lists a seed twice: {echo(seeds)}")
             if max(seeds) > MAX_SEED:
                 raise self.fail("seeds", f"a seed must be <= {MAX_SEED}, got {max(seeds)}")
             if len(seeds) > MAX_RUNS:
@@ -375,7 +382,7 @@ class _Parser:
                 except ValueError as e:
                     raise self.fail(key, str(e)) from None
                 if ordering not in spec.orderings:
-                    raise self.fail(key, f"dataset {name!r} does not support the {ordering!r} "
+                    raise self.fail(key, f"dataset {echo(name)} does not support the {echo(ordering)} "
                                     f"ordering; valid choices: {', '.join(spec.orderings)}")
                 pairs.append((name, ordering, key))
         return pairs
@@ -395,7 +402,7 @@ class _Parser:
         table = self.get(key, (dict,), "a table of method -> settings", {})
         for method, value in table.items():
             if method not in methods:
-                raise self.fail(f"{key}.{method}", f"method {method!r} is not in methods "
+                raise self.fail(f"{key}.{method}", f"method {echo(method)} is not in methods "
                                 f"({', '.join(methods)})")
             if not isinstance(value, dict):
                 raise self.fail(f"{key}.{method}", f"expects a table, got {_type_name(value)}")
@@ -404,7 +411,7 @@ class _Parser:
     def known_setting(self, key: str, method: str, name: str) -> Setting:
         known = {s.name: s for s in get_method(method).settings() if s.name != "seed"}
         if name not in known:
-            raise self.fail(key, f"unknown setting {name!r} for method {method!r}; valid "
+            raise self.fail(key, f"unknown setting {echo(name)} for method {echo(method)}; valid "
                             f"settings: {', '.join(sorted(known)) or '(none)'}")
         return known[name]
 
@@ -417,18 +424,28 @@ class _Parser:
             if not isinstance(value, list) or not all(
                     isinstance(v, int) and not isinstance(v, bool) for v in value):
                 raise self.fail(key, f"expects a list of integers, got {_type_name(value)} "
-                                f"{value!r}")
+                                f"{echo(value)}")
+            for v in value:
+                self.not_huge(key, v)
             return ",".join(str(v) for v in value)
         if ok is not None and (not isinstance(value, ok)
                                or isinstance(value, bool) and t is not bool):
             what = {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
                     type(None): 'a number or "none"'}[t]
-            raise self.fail(key, f"expects {what}, got {_type_name(value)} {value!r}")
+            raise self.fail(key, f"expects {what}, got {_type_name(value)} {echo(value)}")
         if isinstance(value, bool):
             return "true" if value else "false"
         if isinstance(value, (dict, list)):
-            raise self.fail(key, f"expects a single value, got {_type_name(value)} {value!r}")
+            raise self.fail(key, f"expects a single value, got {_type_name(value)} {echo(value)}")
+        self.not_huge(key, value)
         return repr(value) if isinstance(value, float) else str(value)
+
+    def not_huge(self, key: str, value: Any) -> None:
+        """An integer of more digits than any setting takes, refused before it is written
+        out (Python will not write one of more than 4300 digits)."""
+        if isinstance(value, int) and abs(value) >= 10**MAX_INT_DIGITS:
+            raise self.fail(key, f"expects a number of at most {MAX_INT_DIGITS} digits, got "
+                            f"{echo(value)}")
 
     def variants(self, methods: list[str]) -> dict[str, dict[str, Variant]]:
         """method -> variant name -> (--set strings, setting -> key, the key defining it)."""
@@ -448,10 +465,10 @@ class _Parser:
                     self.known_setting(key, method, name)
                     if not isinstance(values, list) or not values:
                         raise self.fail(key, f"expects a non-empty list of values, got "
-                                        f"{values!r}")
+                                        f"{echo(values)}")
                     texts = [self.setting_text(key, method, name, v) for v in values]
                     if len(set(texts)) != len(texts):
-                        raise self.fail(key, f"lists a value twice: {values!r}")
+                        raise self.fail(key, f"lists a value twice: {echo(values)}")
                     axes.append([(name, t) for t in texts])
                 if not axes:
                     raise self.fail(f"grid.{method}", "names no setting")
@@ -471,7 +488,7 @@ class _Parser:
                 if not isinstance(values, dict):
                     raise self.fail(key, f"expects a table of settings, got {_type_name(values)}")
                 if vname in variants:
-                    raise self.fail(key, f"variant {vname!r} is defined twice")
+                    raise self.fail(key, f"variant {echo(vname)} is defined twice")
                 settings = {name: self.setting_text(f"{key}.{name}", method, name, value)
                             for name, value in values.items()}
                 keys = {**base_keys, **{n: f"{key}.{n}" for n in settings}}
@@ -492,7 +509,7 @@ class _Parser:
         regimes = self.str_list("regimes", self.raw["regimes"])
         for regime in regimes:
             if regime not in REGIMES:
-                raise self.fail("regimes", f"unknown regime {regime!r}; valid choices: "
+                raise self.fail("regimes", f"unknown regime {echo(regime)}; valid choices: "
                                 f"{', '.join(REGIMES)}")
         missing = sorted({"regime", *options} - spec_fields())
         if missing:

@@ -26,6 +26,7 @@ import hashlib
 import inspect
 import io
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +35,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from ciosl.errors import LearnerError, writing
+from ciosl.errors import LearnerError, echo, writing
 from ciosl.fileio import atomic_write_bytes
 
 _REGISTRY: dict[str, type[Learner]] = {}
@@ -96,7 +97,7 @@ def load_method(spec: str) -> type[Learner]:
 
     module, _, attr = spec.partition(":")
     if not module or not attr:
-        raise ValueError(f"--method {spec!r}: expected package.module:Class")
+        raise ValueError(f"--method {echo(spec)}: expected package.module:Class")
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
@@ -141,7 +142,7 @@ def get_method(name: str) -> type[Learner]:
         return load_method(name)
     methods = available_methods()
     if name not in methods:
-        raise ValueError(f"unknown method {name!r}; valid choices: {', '.join(methods)} (or "
+        raise ValueError(f"unknown method {echo(name)}; valid choices: {', '.join(methods)} (or "
                          "package.module:Class for a learner defined elsewhere)")
     return methods[name]
 
@@ -189,6 +190,12 @@ class Setting:
 def parse_value(setting: Setting, text: str) -> Any:
     """Parse a ``--set name=value`` string into the setting's type, with a clear error."""
     t = setting.type
+    if t is int and _DIGITS.fullmatch(text.strip()) and len(text.strip()) > MAX_INT_DIGITS:
+        # int() refuses more than 4300 digits as if it were no integer at all
+        digits = len(text.strip().lstrip("+-"))
+        sign = "a negative one" if text.strip().startswith("-") else "one"
+        raise ValueError(f"setting {setting.name!r} expects an integer <= "
+                         f"{int_bound(setting.name)}, got {sign} of {digits:,} digits")
     try:
         if t is bool:
             low = text.strip().lower()
@@ -206,8 +213,11 @@ def parse_value(setting: Setting, text: str) -> Any:
             value = t(text)
     except ValueError:
         raise ValueError(
-            f"setting {setting.name!r} expects {t.__name__}, got {text!r}"
+            f"setting {setting.name!r} expects {t.__name__}, got {echo(text)}"
         ) from None
+    if isinstance(value, float) and math.isinf(value) and "inf" not in text.lower():
+        raise ValueError(f"setting {setting.name!r} expects a finite number, got {echo(text)}: "
+                         "too large for a float (it reads as inf)")
     check_finite(setting, value)
     return value
 
@@ -246,7 +256,37 @@ def check_type(setting: Setting, value: Any, prefix: str = "") -> None:
             isinstance(v, int) and not isinstance(v, bool) for v in value)
     if not ok:
         raise ValueError(f"{prefix}setting {setting.name!r} expects {_TYPE_WORDS[t]}, got "
-                         f"{setting.name}={value!r} ({type(value).__name__})")
+                         f"{setting.name}={echo(value)} ({type(value).__name__})")
+
+
+def plain_label(label: Any, *, where: str) -> int | str:
+    """``label`` as a plain ``int`` or ``str``, else ``TypeError`` naming it (shortened).
+    NumPy scalars give their Python value; a subclass of int or str (an ``IntEnum``,
+    ``class MyInt(int)``) gives the plain value it holds: ``int.__int__`` and ``str.__str__``
+    read the value itself, whatever the subclass's own ``__int__`` / ``__str__`` say."""
+    if isinstance(label, np.generic):
+        label = label.item()
+    if isinstance(label, bool) or not isinstance(label, int | str):
+        raise TypeError(f"{where}: labels must be integers or strings, got "
+                        f"{type(label).__name__} {echo(label)}")
+    if type(label) is int or type(label) is str:
+        return label
+    return int.__int__(label) if isinstance(label, int) else str.__str__(label)
+
+
+def label_array(labels: list) -> np.ndarray:
+    """``labels`` (plain ints, or plain strs) as an array holding exactly those values:
+    int64 when every integer fits it, else an object array of Python ints; strings as a NumPy
+    string array."""
+    try:
+        arr = np.asarray(labels)
+    except OverflowError:
+        arr = None
+    if arr is not None and arr.dtype.kind in "iU":  # NumPy's own choice holds them exactly
+        return arr
+    out = np.empty(len(labels), dtype=object)  # it would make 2**64 - 1 a float
+    out[:] = labels
+    return out
 
 
 def _hashable(v: Any) -> Any:
@@ -260,6 +300,8 @@ def allows_inf(setting: Setting) -> bool:
 
 MAX_EPOCHS = 1000  # an *_epochs setting (base_epochs, retrain_epochs, ...), as --epochs
 MAX_SEED = 2**32 - 1  # what every generator here accepts
+MAX_INT_DIGITS = 30  # --set text of more digits is refused as too large, unparsed
+_DIGITS = re.compile(r"[+-]?[0-9]+")
 MAX_INT_SETTING = 10**6  # any other integer setting: buffer, n_replay, refresh_every, ...
 # (those that multiply memory or work have a tighter range too: SETTING_RANGES, checked later)
 
@@ -270,10 +312,15 @@ def check_bound(setting: Setting, value: Any, prefix: str = "") -> None:
     if setting.type is not int or isinstance(value, bool) or not isinstance(value, int):
         return
     name = setting.name
-    bound = (MAX_EPOCHS if name.endswith("epochs") else MAX_SEED if name == "seed"
-             else MAX_INT_SETTING)
+    bound = int_bound(name)
     if value > bound:
-        raise ValueError(f"{prefix}setting {name!r} must be <= {bound}, got {name}={value}")
+        raise ValueError(f"{prefix}setting {name!r} must be <= {bound}, got {name}={echo(value)}")
+
+
+def int_bound(name: str) -> int:
+    """The largest value an integer setting called ``name`` may take."""
+    return (MAX_EPOCHS if name.endswith("epochs") else MAX_SEED if name == "seed"
+            else MAX_INT_SETTING)
 
 
 @dataclass(frozen=True)
@@ -353,16 +400,16 @@ def check_range(setting: Setting, value: Any, allowed: Range | None, prefix: str
         return
     name = setting.name
     raise ValueError(f"{prefix}setting {name!r} must be in {allowed}{' or inf' if inf else ''}, "
-                     f"got {name}={value}")
+                     f"got {name}={echo(value)}")
 
 
 def check_finite(setting: Setting, value: Any, prefix: str = "") -> None:
     """Refuse NaN for every number setting, and infinity unless the setting documents it."""
-    if isinstance(value, bool) or not isinstance(value, int | float | np.number):
-        return
+    if isinstance(value, bool) or not isinstance(value, float | np.floating):
+        return  # an integer is finite (and math.isnan(10**400) would overflow)
     if math.isnan(value) or (math.isinf(value) and not allows_inf(setting)):
         raise ValueError(f"{prefix}setting {setting.name!r} expects a finite number, got "
-                         f"{setting.name}={value}")
+                         f"{setting.name}={echo(value)}")
 
 
 def bad_feature(Z: np.ndarray) -> tuple[int, str] | None:
@@ -542,7 +589,7 @@ class Learner:
             check_bound(s, v, f"{self.name}: ")
             if s.choices is not None and v not in s.choices:
                 raise ValueError(
-                    f"{self.name}: {s.name}={v!r} is not valid; valid choices: "
+                    f"{self.name}: {s.name}={echo(v)} is not valid; valid choices: "
                     f"{', '.join(map(str, s.choices))}"
                 )
         if hasattr(self, "buffer") and hasattr(self, "n_replay"):
@@ -641,24 +688,23 @@ class Learner:
 
     @staticmethod
     def _check_label(label: Any, *, where: str) -> Any:
-        if isinstance(label, np.generic):
-            label = label.item()
-        if isinstance(label, bool) or not isinstance(label, int | str):
-            raise TypeError(
-                f"{where}: labels must be integers or strings, got {type(label).__name__} {label!r}"
-            )
-        return label
+        """``label`` as a plain ``int`` or ``str``: NumPy scalars and subclasses (an
+        ``IntEnum``, ``class MyInt(int)``, ``class MyStr(str)``) become the plain value they
+        hold, so that what is learned can always be saved (a learner file holds only plain
+        values) and compares equal to the label it was given."""
+        return plain_label(label, where=where)
 
     def _check_label_kind(self, labels: list, where: str) -> None:
         """Integers and strings never mix in one learner (1 and "1" would be two classes that
         print alike, and ``score`` would count a right answer as wrong)."""
         first = self.classes_[0] if self.classes_ else (labels[0] if labels else None)
         for lab in labels:
-            if type(lab) is not type(first):
+            if isinstance(lab, int) is not isinstance(first, int):
                 raise TypeError(
-                    f"{where}: label {lab!r} is {'an integer' if isinstance(lab, int) else 'a string'}"
+                    f"{where}: label {echo(lab)} is "
+                    f"{'an integer' if isinstance(lab, int) else 'a string'}"
                     f" but this learner's labels are {'integers' if isinstance(first, int) else 'strings'}"
-                    f" (first: {first!r}); integers and strings cannot be mixed")
+                    f" (first: {echo(first)}); integers and strings cannot be mixed")
 
     def _encode_new(self, labels: list) -> np.ndarray:
         """Internal indices of ``labels``, adding unseen labels (in order of appearance)."""
@@ -780,10 +826,11 @@ class Learner:
         return self._labels_of(checked_proba(self, P, 1 if np.ndim(Z) == 1 else len(Z)))
 
     def _labels_of(self, P: np.ndarray) -> np.ndarray:
-        """The label of each row's most probable class (``predict``'s answer from ``P``)."""
-        return np.asarray(self.classes_, dtype=object)[P.argmax(axis=1)].astype(
-            np.asarray(self.classes_).dtype
-        )
+        """The label of each row's most probable class (``predict``'s answer from ``P``):
+        exactly the labels learned, as ``predict_one`` answers them: int64 for integers that
+        fit it, an object array of Python ints for those that do not (2**64 - 1 never becomes
+        the float 1.8446744073709552e+19), strings as NumPy strings."""
+        return label_array(self.classes_)[P.argmax(axis=1)]
 
     def predict_proba_one(self, z) -> dict:
         """Probabilities for one sample (z of shape (d,) or (1, d)) as ``{label: p}``, labels in
@@ -800,8 +847,9 @@ class Learner:
         return max(proba, key=proba.__getitem__)
 
     def score(self, Z, y) -> float:
-        """Accuracy; test labels never seen in training count as wrong."""
-        y = np.asarray(y).reshape(-1)
+        """Accuracy; test labels never seen in training count as wrong. Labels are compared
+        as the Python values they are (a list holding 2**64 - 1 would become floats)."""
+        y = np.asarray(y, dtype=object).reshape(-1)
         if len(y) == 0:
             raise ValueError("score: empty test set")
         pred = self.predict(Z)

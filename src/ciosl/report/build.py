@@ -12,6 +12,7 @@ from pathlib import Path
 from ciosl.fileio import atomic_write_bytes, kind_of, open_regular
 from ciosl.report.html import render_html
 from ciosl.report.plots import Figure, make_figures
+from ciosl.report.protocols import protocol_notes
 from ciosl.report.results import (
     Entry,
     drop_duplicates,
@@ -75,6 +76,7 @@ def intro_lines(entries: list[Entry], omega_events: str,
                      "the ones they ran with (the base-init recipe, for one), except the "
                      "departures from the paper added since (gradient clipping), which they "
                      "ran without.")
+    lines += protocol_notes(entries)
     for path, reason in left_out:
         try:
             name = str(path.relative_to(root))

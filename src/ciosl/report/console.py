@@ -17,6 +17,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from ciosl.errors import clip_line
 from ciosl.report.text import printable
 
 console = Console()
@@ -26,7 +27,7 @@ err_console = Console(stderr=True)
 def print_error(text: str, prefix: str = "[red]error:[/] ") -> None:
     """One line on stderr (never wrapped; the text is not read as markup, and escape sequences
     or other control characters in it are printed as their escapes, not sent to the terminal)."""
-    safe = "\n".join(printable(line) for line in str(text).split("\n"))
+    safe = "\n".join(clip_line(printable(line)) for line in str(text).split("\n"))
     err_console.print(prefix + escape(safe), highlight=False, soft_wrap=True)
 
 

@@ -83,7 +83,8 @@ class Column:
     dataset: str
     limit: int
     extractor: str
-    label: str  # the dataset, with its limit / non-default extractor
+    label: str  # the dataset, with its limit / non-default extractor (and protocol)
+    protocol: str = ""  # the protocol it ran (``report.protocols``): never mixed in a column
 
     @property
     def title(self) -> str:
@@ -921,6 +922,9 @@ def load_entries(folder: str | Path, *, omega_events: str = "after_base",
             skipped.append((path, shorten(printable(
                 str(e) if isinstance(e, ValueError)
                 else f"malformed result ({type(e).__name__}: {e})"), 200)))
+    from ciosl.report.protocols import separate_protocols
+
+    separate_protocols(entries)  # different protocols never share a column
     return entries
 
 
