@@ -284,7 +284,7 @@ def execute(kind: str, exp: ExperimentSpec, seed: int,
     cache_dir = Path(exp.cache_dir) if exp.cache_dir else None
     out: dict[str, Any] = {"features": fs.key}
     if kind == "offline":
-        out["offline"] = offline_curve(fs, ordering, offline, cache_dir)
+        out["offline"] = offline_curve(fs, ordering, offline, cache_dir, exp.device)
     else:
         out["run"] = run_seed(exp, cls, settings, fs, ordering, offline, cache_dir,
                               reference=reference)
