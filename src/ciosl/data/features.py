@@ -271,7 +271,7 @@ def _embed_all(label, runner: runtime.Runner, prepare, sources, progress) -> dic
     secs = time.perf_counter() - t0
     if progress:
         console.print(f"{where}: {total} images in {secs:.1f} s "
-                      f"({total / max(secs, 1e-9):.0f} images/s)", highlight=False)
+                      f"({total / max(secs, 1e-9):.0f} images/s)", highlight=False, soft_wrap=True)
     return out
 
 
