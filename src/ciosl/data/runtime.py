@@ -257,7 +257,7 @@ def onnx_path(network: str, weights_id: str, size: int, cache_dir: Path | None =
     fields = {"network": network, "weights": weights_id, "size": size, "opset": OPSET,
               "export": EXPORT_VERSION, "torch": torch.__version__}
     digest = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
-    return (cache_dir or cache_root()) / "onnx" / f"{network}-{size}-{digest}.onnx"
+    return Path(cache_dir or cache_root()) / "onnx" / f"{network}-{size}-{digest}.onnx"
 
 
 def cached_onnx(model: nn.Module, network: str, weights_id: str, size: int,
