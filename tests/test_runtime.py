@@ -273,3 +273,26 @@ def test_the_offline_reference_trains_where_asked_and_keeps_the_cpu_cache_key(tm
     protocol.offline_accuracy(fs, order, 1, settings, tmp_path, device="cuda")
     assert devices == ["cpu", "cuda"]  # another device: its own entry, trained there
     assert len(list((tmp_path / "offline").glob("*.json"))) == 2
+
+
+def test_the_offline_learner_retrains_on_the_device_it_is_given(monkeypatch):
+    from ciosl.learners import offline
+
+    devices = []
+    real = offline.train_offline
+    monkeypatch.setattr(offline, "train_offline", lambda *a, **k: devices.append(k["device"])
+                        or real(*a, **{**k, "device": "cpu"}))
+    rng = np.random.default_rng(0)
+    Z, y = rng.normal(size=(30, 3)).astype(np.float32), np.repeat(np.arange(3), 10)
+    learner = offline.Offline(epochs=1, seed=0)
+    learner.fit_base(Z, y)
+    learner.predict(Z)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    learner.device = "cuda"  # what the runner sets from --device
+    learner.learn_one(Z[0], 0)
+    learner.predict(Z)
+    assert devices == ["cpu", "cuda"]
+    learner.device = None  # $CIOSL_DEVICE, else auto: CUDA when torch sees it
+    learner.learn_one(Z[1], 1)
+    learner.predict(Z)
+    assert devices == ["cpu", "cuda", "cuda"]
