@@ -13,8 +13,14 @@ Extractors:
   ``efficientnet_lite0@S`` picks another side S (``parse_extractor``).
 - ``none``: the dataset already holds features (``kind == "features"``); used as they are.
 
+Where the networks run (``ciosl.data.runtime``): on the CPU under ONNX Runtime by default (the
+module exported once per input size), the torch module being the reference and the fallback;
+on CUDA with ``device="cuda"``. Progress: a bar on a terminal, else a plain line on stderr every
+30 s (images done, images/s, time left).
+
 Cache entries are ``.npz`` files named by ``FeatureSet.key`` (dataset fingerprint + extractor +
-weights id + format version). They are written atomically, carry a sha256 of their arrays and
+weights id + format version, + the path that ran the network when it is not torch on the CPU:
+their features differ by float rounding). They are written atomically, carry a sha256 of their arrays and
 their metadata, and are verified on load; a damaged or stale entry is logged and rebuilt.
 """
 
