@@ -22,6 +22,7 @@ pytest.importorskip("onnxruntime")  # a dependency; absent only in a broken inst
 def own_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("CIOSL_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv("CIOSL_DEVICE", raising=False)
+    monkeypatch.delenv("CIOSL_BACKEND", raising=False)
 
 
 @pytest.fixture(scope="module")
@@ -87,6 +88,13 @@ def test_backend_selection(monkeypatch):
         runtime.resolve_backend("onnxruntime", "cuda")
     with pytest.raises(ValueError, match="^--backend 'tvm': expected one of"):
         runtime.resolve_backend("tvm", "cpu")
+    monkeypatch.setenv("CIOSL_BACKEND", "torch")  # when no flag is given
+    assert runtime.resolve_backend(None, "cpu") == "torch"
+    assert runtime.resolve_backend("auto", "cpu") == "onnxruntime"
+    monkeypatch.setenv("CIOSL_BACKEND", "fast")
+    with pytest.raises(ValueError, match="^CIOSL_BACKEND 'fast': expected one of"):
+        runtime.resolve_backend(None, "cpu")
+    monkeypatch.delenv("CIOSL_BACKEND")
     monkeypatch.setattr(runtime, "onnxruntime_available", lambda: False)
     assert runtime.resolve_backend("auto", "cpu") == "torch"
     with pytest.raises(ValueError, match="not installed: pip install onnx onnxruntime"):

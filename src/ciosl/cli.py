@@ -133,9 +133,10 @@ def build_parser() -> argparse.ArgumentParser:
     feat.add_argument("--rebuild", action="store_true", help="recompute even if cached "
                       "(default: reuse the cache)")
     feat.add_argument("--device", default=None, help=DEVICE_HELP)
-    feat.add_argument("--backend", default="auto", help="on the CPU: onnxruntime (the network "
+    feat.add_argument("--backend", default=None, help="on the CPU: onnxruntime (the network "
                       "exported to ONNX), torch (the reference module) or auto (onnxruntime "
-                      "when installed, torch if it fails); the cache keeps their features apart")
+                      "when installed, torch if it fails); the cache keeps their features apart "
+                      "(default: $CIOSL_BACKEND, else auto)")
     feat.add_argument("--threads", type=int, default=None, help="CPU threads (default: under "
                       "onnxruntime one single-threaded worker per available core, which slows "
                       "down gracefully when another process takes a core; under torch 1)")

@@ -201,12 +201,13 @@ class Execution:
 
 def execution(device: str | None = None, backend: str | None = None,
               threads: int | None = None, cache_dir: str | Path | None = None) -> Execution:
-    """Resolve ``--device`` (or ``CIOSL_DEVICE``), ``--backend`` and check ``--threads``."""
+    """Resolve ``--device`` (or ``CIOSL_DEVICE``), ``--backend`` (or ``CIOSL_BACKEND``) and
+    check ``--threads``."""
     dev = runtime.resolve_device(device)
     be = runtime.resolve_backend(backend, dev)
     runtime.resolve_threads(threads, be)  # checks the value
     return Execution(dev, be, threads, Path(cache_dir) if cache_dir else None,
-                     fallback=(backend or "auto").strip().lower() == "auto")
+                     fallback=runtime.backend_choice(backend)[0] == "auto")
 
 
 def _run(label, model, network, wid, size, prepare, sources, batch_size, progress,

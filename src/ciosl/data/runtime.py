@@ -2,7 +2,7 @@
 
 - **Device** (``--device auto|cpu|cuda``, env ``CIOSL_DEVICE``): ``auto`` takes CUDA when torch
   sees it. On CUDA the torch module runs there (inputs moved to it, features back to numpy).
-- **Backend** on the CPU (``--backend auto|onnxruntime|torch``): ``auto`` runs the project's own
+- **Backend** on the CPU (``--backend auto|onnxruntime|torch``, env ``CIOSL_BACKEND``): ``auto`` runs the project's own
   module exported to ONNX under ONNX Runtime, and falls back to the torch module (the reference)
   when onnxruntime is missing or fails. Their features differ by float rounding (measured
   <= 3e-5 on the raw 1280-d features, ``benchmarks/extract_time.py``), so the feature cache keys
@@ -79,19 +79,27 @@ def onnxruntime_available() -> bool:
     return True
 
 
+def backend_choice(backend: str | None) -> tuple[str, str]:
+    """(value, where it came from): ``backend``, else ``CIOSL_BACKEND``, else ``auto``."""
+    where = "--backend" if backend is not None else "CIOSL_BACKEND"
+    value = (backend if backend is not None else os.environ.get("CIOSL_BACKEND", ""))
+    return value.strip().lower() or "auto", where
+
+
 def resolve_backend(backend: str | None, device: str) -> str:
-    """``"onnxruntime"`` or ``"torch"``: ``auto`` (the default) takes ONNX Runtime on the CPU
-    when it is installed; on CUDA the torch module runs (ONNX Runtime's CPU build has no GPU)."""
-    value = (backend or "auto").strip().lower()
+    """``"onnxruntime"`` or ``"torch"``. ``None`` reads ``CIOSL_BACKEND`` (default ``auto``);
+    ``auto`` takes ONNX Runtime on the CPU when it is installed; on CUDA the torch module runs
+    (ONNX Runtime's CPU build has no GPU)."""
+    value, where = backend_choice(backend)
     if value not in BACKENDS:
-        raise ValueError(f"--backend {value!r}: expected one of {', '.join(BACKENDS)}")
+        raise ValueError(f"{where} {value!r}: expected one of {', '.join(BACKENDS)}")
     if value == "auto":
         return "onnxruntime" if device == "cpu" and onnxruntime_available() else "torch"
     if value == "onnxruntime":
         if device != "cpu":
-            raise ValueError("--backend onnxruntime runs on the CPU only; use --device cpu")
+            raise ValueError(f"{where} onnxruntime runs on the CPU only; use --device cpu")
         if not onnxruntime_available():
-            raise ValueError("--backend onnxruntime: onnxruntime (or onnx) is not installed: "
+            raise ValueError(f"{where} onnxruntime: onnxruntime (or onnx) is not installed: "
                              "pip install onnx onnxruntime")
     return value
 
