@@ -253,7 +253,7 @@ def _embed_all(label, runner: runtime.Runner, prepare, sources, progress) -> dic
         on_start(total)
     out, t0 = {}, time.perf_counter()
     threads = torch.get_num_threads()
-    if runner.workers > 1:
+    if runner.backend == "onnxruntime":
         torch.set_num_threads(1)  # preprocessing inside each worker: one thread each
     try:
         with Progress(console=console, disable=not show) as bar, torch.inference_mode():
