@@ -17,6 +17,12 @@ from ciosl.data.mobilenet import MobileNetV2, WeightsError, load_mobilenet_v2
 from ciosl.data.types import ArrayImages, RawDataset
 
 
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path_factory, monkeypatch):
+    """Extraction keeps its ONNX export in the cache root: the tests', never the user's."""
+    monkeypatch.setenv("CIOSL_CACHE", str(tmp_path_factory.getbasetemp() / "cache-root"))
+
+
 def make_raw(
     n: int = 40,
     m: int = 10,

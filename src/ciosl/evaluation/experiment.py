@@ -27,6 +27,7 @@ import numpy as np
 
 import ciosl
 from ciosl.data.orderings import Ordering, check_kind, limit_per_class, make_ordering
+from ciosl.data.runtime import resolve_device
 from ciosl.data.types import DatasetSpec, FeatureSet
 from ciosl.errors import echo, is_out_of_memory, out_of_memory, shown
 from ciosl.evaluation.checkpoint import (
@@ -89,6 +90,8 @@ class ExperimentSpec:
     resume: bool = False  # continue from the checkpoint next to the result JSON, if any
     omega_events: str = "after_base"  # Omega_all over the events after base init, or "all"
     force: bool = False  # replace a result of another experiment at the same file name
+    device: str | None = None  # auto | cpu | cuda (None: $CIOSL_DEVICE, else auto): extraction
+    # and the offline reference (ciosl.data.runtime.resolve_device)
 
 
 MAX_RUNS = 10_000  # runs per cell: far beyond any protocol, and a bound on what is allocated
@@ -364,6 +367,7 @@ def validate(exp: ExperimentSpec) -> tuple[DatasetSpec, type[Learner], dict[str,
         )
     if exp.extractor is not None:
         parse_extractor(exp.extractor)
+    resolve_device(exp.device)  # an unknown or absent device is named before any work
     if exp.weights is not None:
         from ciosl.data.mobilenet import MAX_WEIGHTS_BYTES
         check_regular(Path(exp.weights).expanduser(), "--weights", limit=MAX_WEIGHTS_BYTES)
@@ -395,7 +399,7 @@ def load_features(exp: ExperimentSpec, spec: DatasetSpec) -> FeatureSet:
 
     cache = Path(exp.cache_dir) / "features" if exp.cache_dir else None
     fs = get_features(exp.dataset, exp.extractor, weights=exp.weights, cache_dir=cache,
-                      root=exp.data_root)
+                      root=exp.data_root, device=exp.device)
     if exp.limit_per_class is not None:
         fs = subset_train(fs, limit_per_class(fs.train_y, exp.limit_per_class,
                                               instances=fs.train_instance, frames=fs.train_frame))
@@ -416,9 +420,11 @@ def stream_ordering(exp: ExperimentSpec, spec: DatasetSpec, fs: FeatureSet, seed
 
 
 def offline_curve(fs: FeatureSet, ordering: Ordering, offline: OfflineSettings,
-                  cache_dir: Path | None) -> list[float]:
-    """The offline reference accuracy at every testing event of ``ordering`` (cached)."""
-    return [offline_accuracy(fs, ordering, t, offline, cache_dir)
+                  cache_dir: Path | None, device: str | None = None) -> list[float]:
+    """The offline reference accuracy at every testing event of ``ordering`` (cached), trained
+    on ``device`` (``resolve_device``: None reads $CIOSL_DEVICE, else auto)."""
+    device = resolve_device(device)
+    return [offline_accuracy(fs, ordering, t, offline, cache_dir, device)
             for t in range(len(ordering.events))]
 
 
@@ -444,13 +450,15 @@ def run_seed(exp: ExperimentSpec, cls: type[Learner], settings: dict[str, Any], 
     ``accuracy`` / ``accuracy_offline`` hold every testing event, the base event (index 0)
     included; ``omega_all`` averages the events ``exp.omega_events`` names."""
     if reference is None:  # cached: shared by every method
-        reference = offline_curve(fs, ordering, offline, cache_dir)
+        reference = offline_curve(fs, ordering, offline, cache_dir, exp.device)
     elif len(reference) != len(ordering.events):
         raise ValueError(f"an offline reference of {len(reference)} events for a stream of "
                          f"{len(ordering.events)}")
     reference = [float(x) for x in reference]
     check_reference(reference, ordering, exp.omega_events)  # before the stream, not after it
     learner = cls(**settings, seed=ordering.seed)
+    if hasattr(cls, "device"):  # trains like the reference, where the reference trains
+        learner.device = resolve_device(exp.device)
     try:
         run = run_stream(learner, fs, ordering, regime=regime_of(exp), **stream)
     except (MemoryError, RuntimeError) as e:  # name the method and what sized its memory
@@ -699,7 +707,8 @@ def _run_experiment(exp: ExperimentSpec, spec: DatasetSpec, cls: type[Learner],
         **({"method_source": source} if (source := method_source(cls)) else {}),
         "seeds": [int(x) for x in exp.seeds], "settings": settings, "features": fs.key,
         "limit_per_class": exp.limit_per_class, "offline": offline.__dict__,
-        "regime": regime_of(exp).__dict__})
+        "regime": regime_of(exp).__dict__,
+        **({"device": device} if (device := resolve_device(exp.device)) != "cpu" else {})})
     ckpt = None
     header = result_header(exp, spec, cls, settings, fs, offline)
     if exp.out_dir is not None:  # finished runs are saved there at once, whatever happens next

@@ -56,13 +56,14 @@ def subset_train(fs: FeatureSet, idx: np.ndarray) -> FeatureSet:
 
 
 def offline_accuracy(fs: FeatureSet, ordering: Ordering, t: int, settings: OfflineSettings,
-                     cache_dir: Path | None = None) -> float:
-    """Accuracy at event t of an MLP trained offline on everything seen by then (cached)."""
+                     cache_dir: Path | None = None, device: str = "cpu") -> float:
+    """Accuracy at event t of an MLP trained offline on everything seen by then (cached),
+    trained on ``device`` (a CUDA reference is cached apart: its rounding differs)."""
     ident = {
         "version": OFFLINE_VERSION, "features": fs.key, "ordering": ordering.kind,
         "seed": ordering.seed, "event": t, "position": int(ordering.events[t]),
         "n_base": len(ordering.base), "n_stream": len(ordering.stream),
-        "settings": settings.__dict__,
+        "settings": settings.__dict__, **({"device": device} if device != "cpu" else {}),
     }
     key = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:32]
     path = (cache_dir or cache_root()) / "offline" / f"{key}.json"
@@ -75,7 +76,7 @@ def offline_accuracy(fs: FeatureSet, ordering: Ordering, t: int, settings: Offli
     net = train_offline(fs.train_z[seen], yi, len(classes), epochs=settings.epochs,
                         batch_size=settings.batch_size, seed=ordering.seed * 1000 + t,
                         lr=settings.lr, momentum=settings.momentum,
-                        weight_decay=settings.weight_decay)
+                        weight_decay=settings.weight_decay, device=device)
     mask = ordering.test_mask(fs.test_y, t)
     pred = classes[net.predict_proba(fs.test_z[mask]).argmax(axis=1)]
     acc = accuracy(pred, fs.test_y[mask])

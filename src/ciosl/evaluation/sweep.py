@@ -52,6 +52,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
+from ciosl.data.runtime import resolve_device
 from ciosl.data.types import DatasetSpec, FeatureSet
 from ciosl.evaluation.experiment import (
     ExperimentSpec,
@@ -173,7 +174,9 @@ def settings_fingerprint(exp: ExperimentSpec, spec: DatasetSpec, cls: type[Learn
         "settings": {**{st.name: st.default for st in cls.settings() if st.name != "seed"},
                      **settings},
         "limit_per_class": exp.limit_per_class, "offline": offline_settings(exp, spec).__dict__,
-        **_regime_fields(exp)})
+        **_regime_fields(exp),
+        # a reference trained on a GPU is another cell's ($CIOSL_DEVICE; the CPU adds nothing)
+        **({"device": d} if (d := resolve_device(exp.device)) != "cpu" else {})})
 
 
 def prepare(grid: Grid) -> list[CellInfo]:
@@ -284,7 +287,7 @@ def execute(kind: str, exp: ExperimentSpec, seed: int,
     cache_dir = Path(exp.cache_dir) if exp.cache_dir else None
     out: dict[str, Any] = {"features": fs.key}
     if kind == "offline":
-        out["offline"] = offline_curve(fs, ordering, offline, cache_dir)
+        out["offline"] = offline_curve(fs, ordering, offline, cache_dir, exp.device)
     else:
         out["run"] = run_seed(exp, cls, settings, fs, ordering, offline, cache_dir,
                               reference=reference)

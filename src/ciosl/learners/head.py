@@ -76,11 +76,17 @@ class MLP:
     def load(self, tensors: list[torch.Tensor]) -> None:
         self.params = [t.detach().clone().requires_grad_(True) for t in tensors]
 
+    def to(self, device: str | torch.device) -> MLP:
+        """Move the parameters to ``device`` (same values; trainable)."""
+        self.params = [p.detach().to(device).requires_grad_(True) for p in self.params]
+        return self
+
     @torch.no_grad()
     def predict_proba(self, Z: np.ndarray, batch: int = 4096) -> np.ndarray:
-        out = [torch.softmax(self.forward(torch.from_numpy(Z[i:i + batch])), dim=1)
+        device = self.params[0].device  # inputs go to the parameters, answers come back
+        out = [torch.softmax(self.forward(torch.from_numpy(Z[i:i + batch]).to(device)), dim=1)
                for i in range(0, len(Z), batch)]
-        return torch.cat(out).numpy()
+        return torch.cat(out).cpu().numpy()
 
 
 def check_finite(loss: torch.Tensor, X: torch.Tensor, *, name: str, n_seen: int,
@@ -155,16 +161,17 @@ class SGD:
                 d = d.add(p, alpha=self.weight_decay)
             buf = self.buffers[i]
             if buf is None or buf.shape != p.shape:
-                buf = self._fit(buf, p.shape)  # first step: 0 * m + d == d, as torch does
+                buf = self._fit(buf, p.shape, p.device)  # first step: 0 * m + d == d, as torch does
             buf.mul_(self.momentum).add_(d)
             self.buffers[i] = buf
             p.sub_(buf, alpha=self.lr)
             p.grad = None
 
     @staticmethod
-    def _fit(buf: torch.Tensor | None, shape: torch.Size) -> torch.Tensor:
-        """Zero-pad a momentum buffer to a grown parameter's shape."""
-        out = torch.zeros(shape)
+    def _fit(buf: torch.Tensor | None, shape: torch.Size,
+             device: torch.device | None = None) -> torch.Tensor:
+        """Zero-pad a momentum buffer to a grown parameter's shape (on the parameter's device)."""
+        out = torch.zeros(shape, device=device)
         if buf is not None:
             out[tuple(slice(0, s) for s in buf.shape)] = buf
         return out
@@ -178,15 +185,20 @@ class SGD:
 
 def train_offline(Z: np.ndarray, yi: np.ndarray, n_classes: int, *, epochs: int,
                   batch_size: int, seed: int, lr: float = 0.01, momentum: float = 0.9,
-                  weight_decay: float = 1e-5, hidden: tuple[int, ...] = HIDDEN) -> MLP:
-    """Train a fresh MLP head on (Z, yi) for several epochs of shuffled mini-batches."""
+                  weight_decay: float = 1e-5, hidden: tuple[int, ...] = HIDDEN,
+                  device: str = "cpu") -> MLP:
+    """Train a fresh MLP head on (Z, yi) for several epochs of shuffled mini-batches, on
+    ``device`` (the initial weights and the shuffles come from the CPU generator either way;
+    the head stays on ``device``, its ``predict_proba`` answers in numpy)."""
     gen = torch.Generator().manual_seed(int(seed))
     net = MLP(Z.shape[1], n_classes, hidden, generator=gen)
+    if device != "cpu":
+        net.to(device)
     opt = SGD(net.params, lr=lr, momentum=momentum, weight_decay=weight_decay)
-    X = torch.from_numpy(np.ascontiguousarray(Z, dtype=np.float32))
-    Y = torch.from_numpy(np.asarray(yi, dtype=np.int64))
+    X = torch.from_numpy(np.ascontiguousarray(Z, dtype=np.float32)).to(device)
+    Y = torch.from_numpy(np.asarray(yi, dtype=np.int64)).to(device)
     for _ in range(epochs):
-        perm = torch.randperm(len(X), generator=gen)
+        perm = torch.randperm(len(X), generator=gen).to(device)
         for s in range(0, len(X), batch_size):
             idx = perm[s:s + batch_size]
             loss = F.cross_entropy(net(X[idx]), Y[idx])

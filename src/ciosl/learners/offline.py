@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ciosl.data.runtime import resolve_device
 from ciosl.learners.base import Learner, register
 from ciosl.learners.head import HIDDEN, MLP, train_offline
 
@@ -63,6 +64,10 @@ class Offline(Learner):
         self.momentum = momentum
         self.weight_decay = weight_decay
         super().__init__(seed=seed)
+
+    # where retraining runs: not a setting (results and state do not depend on it beyond float
+    # rounding); None: $CIOSL_DEVICE, else auto. The runner sets it to the reference's device.
+    device: str | None = None
 
     @classmethod
     def protocol_defaults(cls, *, ordering: str, spec: Any = None) -> dict[str, Any]:
@@ -120,7 +125,8 @@ class Offline(Learner):
                     self.Z[:self.n].numpy(), rank[self.y[:self.n].numpy()], len(rank),
                     epochs=self.epochs, batch_size=self.batch_size,
                     seed=int(self.seed) * 1000 + self.n_trains, lr=self.lr,
-                    momentum=self.momentum, weight_decay=self.weight_decay)
+                    momentum=self.momentum, weight_decay=self.weight_decay,
+                    device=resolve_device(self.device))
             self._head_n = self.n
             self.n_trains += 1
         return self._head
@@ -132,7 +138,7 @@ class Offline(Learner):
     def _state(self) -> dict[str, Any]:
         return {"Z": self.Z[:self.n].clone(), "y": self.y[:self.n].clone(),
                 "n_trains": self.n_trains, "head_n": self._head_n,
-                "head": None if self._head is None else self._head.state()}
+                "head": None if self._head is None else [t.cpu() for t in self._head.state()]}
 
     def _load_state(self, state: dict[str, Any]) -> None:
         self.n = 0

@@ -51,10 +51,12 @@ def sample_progress(description: str):
                lambda n: bar.advance(task, n))
 
 
-def _plain_progress(description: str):
+def _plain_progress(description: str, unit: str = "samples", rates: bool = False):
     """(on_start, on_progress) that print ``description: done / total samples (p%), elapsed``
     when ``PLAIN_PROGRESS_SECONDS`` have passed since the last line (the first after that long
-    from the start), ``total`` being what ``on_start`` announced."""
+    from the start), ``total`` being what ``on_start`` announced. ``unit`` names what is
+    counted; ``rates`` adds the rate so far and the time left at that rate
+    (``..., 450 images/s, 1m46s left, 0m30s elapsed``)."""
     state = {"done": 0, "total": None, "start": time.monotonic()}
     state["last"] = state["start"]
 
@@ -70,11 +72,21 @@ def _plain_progress(description: str):
         total, done = state["total"], state["done"]
         share = f" ({100 * done / total:.0f}%)" if total else ""
         of = f" / {total:,}" if total else ""
-        err_console.print(f"{_safe(description)}: {done:,}{of} samples{share}, "
+        speed = ""
+        if rates:
+            rate = done / max(now - state["start"], 1e-9)
+            left = f", {_clock((total - done) / rate)} left" if total and rate > 0 else ""
+            speed = f", {rate:,.0f} {unit}/s{left}"
+        err_console.print(f"{_safe(description)}: {done:,}{of} {unit}{share}{speed}, "
                           f"{_clock(now - state['start'])} elapsed", highlight=False,
                           soft_wrap=True)
 
     return on_start, on_progress
+
+
+def plain_progress(description: str, unit: str = "samples", rates: bool = False):
+    """The plain-line progress of runs without a terminal, for other counts (extraction)."""
+    return _plain_progress(description, unit, rates)
 
 
 def _clock(seconds: float) -> str:
