@@ -94,3 +94,19 @@ def test_metrics_time_times_the_per_event_metrics(tmp_path):
     (line,) = run("metrics_time.py", "--classes", "200", "--repeat", "2", cache=tmp_path)
     assert re.fullmatch(r"per-event metrics of 200 classes \(3 events, the accuracy matrix, "
                         r"40 class steps\): [\d.]+ s \(median of 2\)", line), line
+
+
+def test_extract_time_compares_ciosl_with_onnxruntime(tmp_path):
+    lines = run("extract_time.py", "--cases", "efficientnet_lite0@24,mobilenet_v2@24",
+                "--images", "4", "--reps", "1", "--threads", "1", "--cache", str(tmp_path),
+                cache=tmp_path)
+    cases = [line for line in lines if " thread(s), " in line]
+    assert [c.split()[0] for c in cases] == ["efficientnet_lite0@24", "mobilenet_v2@24"]
+    for case in cases:  # each path's rate, GFLOP/s and distance from the torch reference
+        diffs = [float(d) for d in re.findall(r"max \|diff\| ([0-9.e+-]+)", case)]
+        scale = float(re.search(r"max \|feature\| ([0-9.e+-]+)", case).group(1))
+        assert len(diffs) == 3 and diffs[0] == 0.0 and max(diffs) <= 1e-4 * max(1.0, scale)
+        assert len(re.findall(r"[0-9.]+ images/s [0-9.]+ GFLOP/s", case)) == 3
+    last = re.fullmatch(r"extraction/onnxruntime images/s ratio: ([0-9.]+)", lines[-1])
+    assert last and float(last.group(1)) > 0
+    assert list((tmp_path / "onnx").glob("*.onnx"))  # the export went to the given cache

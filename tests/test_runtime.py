@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 
 import numpy as np
+import onnxruntime  # noqa: F401  (a dependency: the suite fails without it)
 import pytest
 import torch
 
@@ -14,8 +15,6 @@ from ciosl.cli import main
 from ciosl.data import efficientnet, features, runtime
 from ciosl.data.mobilenet import MobileNetV2, frozen
 from ciosl.data.types import ArrayImages, RawDataset
-
-pytest.importorskip("onnxruntime")  # a dependency; absent only in a broken install
 
 
 @pytest.fixture(autouse=True)
