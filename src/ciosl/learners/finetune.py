@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 from ciosl.learners.base import Learner, register
 from ciosl.learners.head import HIDDEN, MAX_GRAD_NORM, MLP, SGD, check_finite
+from ciosl.learners.undo import keep, restore
 
 
 @register
@@ -97,6 +98,15 @@ class FineTune(Learner):
 
     def _predict_proba(self, Z: np.ndarray) -> np.ndarray:
         return self.net.predict_proba(Z)  # (n, n_seen), under torch.no_grad
+
+    def _undo_record(self, yi: np.ndarray) -> dict[str, Any]:
+        """A step moves every parameter and momentum buffer: their values (the head, not the
+        learner's memory); a grown layer is put back by reference."""
+        return {"net": keep(self.net, "params"), "opt": keep(self.opt, "buffers")}
+
+    def _undo(self, record: dict[str, Any], n_classes: int) -> None:
+        restore(record["net"])
+        restore(record["opt"])
 
     def _state(self) -> dict[str, Any]:
         return {"params": self.net.state(), "momentum": self.opt.state()}
