@@ -118,7 +118,7 @@ class BlockMeans(Learner):
                nu: torch.Tensor) -> None:
         """Exact means: rows u of mu (K, d) and n (K,) take m samples of means nu, in place."""
         n0 = n[u]
-        mu[u] = mu[u] + (nu - mu[u]) * (m / (n0 + m)).double()[:, None]
+        mu[u] = mu[u] + (nu - mu[u]) * (m.double() / (n0 + m).double())[:, None]
         n[u] = n0 + m
 
     def _commit(self, Z: torch.Tensor, y: torch.Tensor) -> None:

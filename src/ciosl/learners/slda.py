@@ -101,7 +101,7 @@ class SLDA(BlockMeans):
         centre = torch.where(seen[:, None], mu[u], nu)  # (u, d)
         add_gram_(S, Z64 - centre[inv])
         if bool(seen.any()):
-            w = (m[seen] / (n0[seen] + m[seen]).double().sqrt()).double()  # (u',)
+            w = m[seen].double() / (n0[seen] + m[seen]).double().sqrt()  # (u',)
             add_gram_(S, (nu[seen] - mu[u[seen]]) * w[:, None], alpha=-1.0)
 
     def _fold(self, Z64, u, inv, m, nu, mu, n) -> None:
