@@ -368,6 +368,8 @@ def bad_feature(Z: np.ndarray) -> tuple[int, str] | None:
     """The first row of the real 2-d array ``Z`` holding a value a learner refuses, and what is
     wrong with it (``"has NaN or infinite features"``, ``"has feature 3 = 1e+39, too large
     ..."``), or None. Feature files use it too, to name the file and the row."""
+    if Z.size and np.abs(Z).max() <= MAX_FEATURE:  # one pass when all is well (NaN fails it)
+        return None
     finite = np.isfinite(Z).all(axis=1)
     big = ~(np.abs(np.where(np.isfinite(Z), Z, 0)) <= MAX_FEATURE).all(axis=1)
     bad = ~finite | big

@@ -41,6 +41,16 @@ class BlockMeans(Learner):
         self._journal: dict[str, Any] | None = None
         self._changed(cov=True)
 
+    @property
+    def _pending_np(self) -> tuple[np.ndarray, np.ndarray]:
+        """Zero-copy numpy views of the waiting rows (a numpy row write costs far less than a
+        torch one on a one-sample step)."""
+        views = getattr(self, "_views", None)
+        if views is None or views[0] is not self.pending_z:
+            views = self.pending_z, self.pending_z.numpy(), self.pending_y.numpy()
+            self._views = views
+        return views[1], views[2]
+
     def _changed(self, cov: bool) -> None:
         """The statistics changed (``cov``: more than the class list): drop cached answers."""
         self._totals_cache: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -76,8 +86,8 @@ class BlockMeans(Learner):
     # ------------------------------------------------------------------ learning
     def _learn_one(self, z: np.ndarray, yi: int) -> None:
         p = self.n_pending
-        self.pending_z[p] = torch.from_numpy(z)
-        self.pending_y[p] = yi
+        pz, py = self._pending_np
+        pz[p], py[p] = z, yi
         self.n_pending = p + 1
         if self.n_pending == self.block:
             self._commit(self.pending_z, self.pending_y)

@@ -48,11 +48,13 @@ TILE = 512  # column tiles of the lower block-triangular GEMM
 PREDICT_CHUNK = 2048  # rows projected at once in predict_proba
 
 
-def add_gram_(M: torch.Tensor, H: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
-    """M += alpha H^T H on the tiles of M on and below the diagonal (the tiles above it are not
-    touched; ``symmetric`` rebuilds them): about half the flops of a full GEMM."""
-    for j in range(0, M.shape[0], TILE):
-        M[j:, j:j + TILE].addmm_(H[:, j:].T, H[:, j:j + TILE], alpha=alpha)
+def add_gram_(M: torch.Tensor, H: torch.Tensor, alpha: float = 1.0, tile: int = TILE
+              ) -> torch.Tensor:
+    """M += alpha H^T H on the column tiles of M on and below the diagonal (the part above it
+    is not touched; ``symmetric`` rebuilds it, for any ``tile`` <= TILE): about half the
+    flops of a full GEMM."""
+    for j in range(0, M.shape[0], tile):
+        M[j:, j:j + tile].addmm_(H[:, j:].T, H[:, j:j + tile], alpha=alpha)
     return M
 
 

@@ -92,17 +92,19 @@ class SLDA(BlockMeans):
     @staticmethod
     def _add_scatter(S, Z64, u, inv, m, nu, mu, n) -> None:
         """S += the block's exact scatter update, before the means mu (K, d) and counts n (K,)
-        take the block: rows of a class seen before are centred on its mean mu_k,
-        S += E^T E - sum_k m_k^2 / (n_k + m_k) (nu_k - mu_k)(nu_k - mu_k)^T (Welford's
-        sample-by-sample updates summed), rows of a new class on their block mean nu_k; one
-        GEMM on the lower tiles (``rplda.add_gram_``)."""
-        n0 = n[u]
-        seen = n0 > 0  # (u,)
-        centre = torch.where(seen[:, None], mu[u], nu)  # (u, d)
-        add_gram_(S, Z64 - centre[inv])
-        if bool(seen.any()):
-            w = m[seen].double() / (n0[seen] + m[seen]).double().sqrt()  # (u',)
-            add_gram_(S, (nu[seen] - mu[u[seen]]) * w[:, None], alpha=-1.0)
+        take the block (Chan et al.; it equals Welford's sample-by-sample updates summed):
+        the rows' scatter about their block class means nu_k, plus, per class seen before,
+        n_k m_k / (n_k + m_k) (nu_k - mu_k)(nu_k - mu_k)^T. One GEMM on the stacked rows, on
+        the lower tiles only (``rplda.add_gram_``)."""
+        n0 = n[u].double()
+        seen = torch.nonzero(n0 > 0).reshape(-1)  # (u',) positions in u
+        X = torch.empty(len(Z64) + len(seen), Z64.shape[1], dtype=torch.float64)
+        torch.sub(Z64, nu[inv], out=X[:len(Z64)])
+        if len(seen):
+            m_s, n_s = m[seen].double(), n0[seen]
+            w = (n_s * m_s / (n_s + m_s)).sqrt_()  # (u',)
+            torch.mul(nu[seen] - mu[u[seen]], w[:, None], out=X[len(Z64):])
+        add_gram_(S, X, tile=256)
 
     def _fold(self, Z64, u, inv, m, nu, mu, n) -> None:
         if self.streaming_update or self._in_base:
