@@ -163,6 +163,18 @@ def block_rate(method: str, dim: int = 1280, n: int = 4096, block: int = 256) ->
     return k / t_learn, k / block * block / t_gemm
 
 
+def write_features(path: str, n_classes: int, dim: int, per_class: int = 2) -> None:
+    """A ``features:PATH`` file of ``n_classes`` Gaussian classes (``per_class`` training rows
+    and one test row each, width ``dim``) for ``ciosl run`` at that many classes."""
+    rng = np.random.default_rng(5)
+    centres = rng.normal(0, 1, (n_classes, dim)).astype(np.float32)
+    ytr = np.repeat(np.arange(n_classes), per_class)
+    yte = np.arange(n_classes)
+    noise = 0.3 * rng.normal(size=(len(ytr) + len(yte), dim)).astype(np.float32)
+    np.savez(path, train_z=centres[ytr] + noise[:len(ytr)], train_y=ytr,
+             test_z=centres[yte] + noise[len(ytr):], test_y=yte)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--methods", default="all", help="comma-separated, or all (single-pass)")
@@ -175,7 +187,14 @@ def main() -> None:
     ap.add_argument("--block-rate", action="store_true",
                     help="SLDA / NCM learn_one at d = 1280 against the block GEMM")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--write-features", metavar="PATH",
+                    help="only write a features .npz of --classes classes (2 training rows and "
+                         "1 test row each, width --dim) for ciosl run --dataset features:PATH")
     args = ap.parse_args()
+    if args.write_features:
+        write_features(args.write_features, args.classes, args.dim)
+        print(f"wrote {args.write_features}: {args.classes} classes, width {args.dim}")
+        return
     torch.set_num_threads(args.threads)
     methods = single_pass() if args.methods == "all" else args.methods.split(",")
     print(f"width {args.dim}, {args.threads} thread(s); times are medians of single calls")

@@ -46,17 +46,18 @@ class Rows:
             self.buf = new
 
     def grow(self, k: int = 1) -> None:
-        """Append ``k`` rows of zeros."""
+        """Append ``k`` rows of zeros (the rows past ``n`` are kept at zero: no write here)."""
         self.reserve(self.n + k)
-        self.buf[self.n:self.n + k].zero_()
         self.n += k
 
     def truncate(self, n: int) -> None:
-        self.n = min(self.n, n)
+        if n < self.n:
+            self.buf[n:self.n].zero_()
+            self.n = n
 
     def set(self, data: torch.Tensor) -> None:
         """Replace the rows by ``data`` (n, *tail) (copied)."""
-        self.n = 0
+        self.truncate(0)
         self.reserve(len(data))
         self.buf[:len(data)] = data
         self.n = len(data)
