@@ -69,7 +69,7 @@ def test_scale_times_new_and_known_classes(tmp_path):
     assert set(rows) == {"ncm", "slda", "finetune"}, lines
     assert re.search(r"^ncm +40 classes: new +[\d.]+ ms -> +[\d.]+ ms \(growth x[\d.]+\); known "
                      r"+[\d.]+ ms; new/known [\d.]+", rows["ncm"])
-    assert "head products" in rows["finetune"] and "head products" not in rows["slda"]
+    assert "arithmetic" in rows["finetune"] and "arithmetic" not in rows["slda"]
     many = [line for line in lines if "learn_many(10) / 10 x learn_one" in line]
     assert len(many) == 3 and all(re.search(r"per sample: [\d.]+$", m) for m in many)
     path = tmp_path / "f.npz"
