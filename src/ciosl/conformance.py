@@ -398,7 +398,8 @@ def check_failure_rolls_back(cls, settings) -> None:
     """(9b) All-or-nothing: a failure inside the update, after the new classes have grown the
     model, leaves the learner exactly as before -- state_dict equal bit for bit, and the same
     continued learning as a twin that never failed -- for learn_one with a new label,
-    learn_many with new and known labels, and fit_base with a new class."""
+    learn_many with new and known labels (a new one first, and last), and fit_base with a new
+    class."""
     from ciosl.learners.base import digest
 
     Zb, yb, Zs, ys = class_stream()
@@ -418,6 +419,8 @@ def check_failure_rolls_back(cls, settings) -> None:
     attempts = [("learn_one", "_learn_one", 1, lambda: learner.learn_one(Zs[half], lab[half])),
                 ("learn_many", many, 1 if many == "_learn_batch" else len(batch),
                  lambda: learner.learn_many(Zs[batch], [lab[i] for i in batch])),
+                ("learn_many", many, 1 if many == "_learn_batch" else len(batch),
+                 lambda: learner.learn_many(Zs[batch[::-1]], [lab[i] for i in batch[::-1]])),
                 ("fit_base", "_fit_base", 1, lambda: learner.fit_base(base_Z, base_y))]
     before = digest(learner.state_dict())
     for what, method, at, call in attempts:

@@ -197,7 +197,10 @@ class BayesHead(Learner):
     def _undo_record(self, yi: np.ndarray) -> dict[str, Any]:
         """A step moves the means, the Fisher EMA and the momentum in place: their values; the
         prior, a grown layer and the scratch buffers are replaced: kept by reference."""
-        return {"net": keep(self.net, "mu", "fisher"), "opt": keep(self.opt, "buffers"),
+        grows = bool(len(yi)) and int(yi[0]) >= len(self.classes_)  # a new class first:
+        # the flat means, Fisher and momentum are replaced by grown ones before any step
+        return {"net": keep(self.net, *(() if grows else ("mu", "fisher"))),
+                "opt": keep(self.opt, *(() if grows else ("buffers",))),
                 "head": keep_attrs(self, ("_grad", "_since_refresh", "_streaming"))}
 
     def _undo(self, record: dict[str, Any], n_classes: int) -> None:

@@ -164,9 +164,10 @@ class EWC(FineTune):
     def _undo_record(self, yi: np.ndarray) -> dict[str, Any]:
         """The running importance moves in place every step; the anchor, the frozen
         importance and the curvature are only ever replaced: kept by reference."""
+        grows = self._grows_first(yi)  # a new class first replaces every omega tensor
         return {**super()._undo_record(yi), "ewc": keep_attrs(
             self, ("omega", "n_omega", "omega_frozen", "anchor", "_curv", "_since_refresh",
-                   "_streaming"), mutable=("omega",))}
+                   "_streaming"), mutable=() if grows else ("omega",))}
 
     def _undo(self, record: dict[str, Any], n_classes: int) -> None:
         super()._undo(record, n_classes)
