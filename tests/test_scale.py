@@ -219,3 +219,20 @@ def test_old_saved_ncm_and_slda_states_still_load():
             sd["state"]["scatter"], sd["state"]["n_cov"] = learner.scatter.clone(), 20
         old = make_learner(method).load_state_dict(sd)
         np.testing.assert_array_equal(old.predict_proba(Z), learner.predict_proba(Z))
+
+
+def test_evaluation_predicts_in_bounded_chunks(monkeypatch):
+    """The run loop's checked_predict asks for at most PREDICT_CELLS probabilities at once
+    (many classes times many test rows would not fit), with the same answers."""
+    import ciosl.conformance as conformance
+
+    Zb, yb, Zs, ys = class_stream()
+    learner = NCM().fit_base(Zb, yb.tolist())
+    whole = conformance.checked_predict(learner, Zs)
+    calls = []
+    predict_proba = learner.predict_proba
+    monkeypatch.setattr(learner, "predict_proba", lambda Z: calls.append(len(Z)) or
+                        predict_proba(Z))
+    monkeypatch.setattr(conformance, "PREDICT_CELLS", 7 * len(learner.classes_))
+    np.testing.assert_array_equal(conformance.checked_predict(learner, Zs), whole)
+    assert calls == [7] * (len(Zs) // 7) + ([len(Zs) % 7] if len(Zs) % 7 else [])

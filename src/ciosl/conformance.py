@@ -26,6 +26,7 @@ from ciosl.learners.base import (
 )
 
 DIM, N_CLASSES = 20, 5
+PREDICT_CELLS = 2**24  # probabilities per predict_proba call of checked_predict
 INT_LABELS = [7, 3, 11, 0, 5]  # not 0..K-1, so a learner cannot confuse labels and indices
 STR_LABELS = ["cat", "dog", "emu", "fox", "gnu"]
 _CENTERS = np.random.default_rng(1234).normal(0.0, 3.0, (N_CLASSES, DIM))  # well separated
@@ -74,8 +75,14 @@ def checked_predict(learner: Learner, Z: np.ndarray) -> np.ndarray:
     ``LearnerError`` naming the method and the problem, instead of writing an Omega."""
     n = len(Z)
     if type(learner).predict is Learner.predict:  # checks whatever predict_proba is
-        P = checked_proba(learner, learner.predict_proba(Z), n)
-        return learner._labels_of(P)
+        # in row chunks of at most PREDICT_CELLS probabilities: 100,000 test rows of 100,000
+        # classes would be 80 GB at once
+        rows = max(1, PREDICT_CELLS // max(len(learner.classes_), 1))
+        return np.concatenate([
+            learner._labels_of(checked_proba(learner, learner.predict_proba(Z[i:i + rows]),
+                                             len(Z[i:i + rows])))
+            for i in range(0, n, rows)]) if n else learner._labels_of(
+                checked_proba(learner, learner.predict_proba(Z), n))
     pred = learner.predict(Z)
     problem = labels_problem(pred, n, list(learner.classes_))
     if problem is not None:
