@@ -110,3 +110,21 @@ def test_extract_time_compares_ciosl_with_onnxruntime(tmp_path):
     last = re.fullmatch(r"extraction/onnxruntime images/s ratio: ([0-9.]+)", lines[-1])
     assert last and float(last.group(1)) > 0
     assert list((tmp_path / "onnx").glob("*.onnx"))  # the export went to the given cache
+
+
+def test_scale_times_new_and_known_classes(tmp_path):
+    lines = run("scale.py", "--methods", "ncm,slda,finetune", "--classes", "40",
+                "--mlp-classes", "20", "--dim", "8", cache=tmp_path)
+    rows = {line.split()[0]: line for line in lines if " classes: new " in line}
+    assert set(rows) == {"ncm", "slda", "finetune"}, lines
+    assert re.search(r"^ncm +40 classes: new +[\d.]+ ms -> +[\d.]+ ms \(growth x[\d.]+\); known "
+                     r"+[\d.]+ ms; new/known [\d.]+", rows["ncm"])
+    assert "arithmetic" in rows["finetune"] and "arithmetic" not in rows["slda"]
+    many = [line for line in lines if "learn_many(10) / 10 x learn_one" in line]
+    assert len(many) == 3 and all(re.search(r"per sample: [\d.]+$", m) for m in many)
+    path = tmp_path / "f.npz"
+    run("scale.py", "--write-features", str(path), "--classes", "7", "--dim", "3", cache=tmp_path)
+    from ciosl.data.datasets import load_features
+
+    ds = load_features(path)
+    assert ds.n_classes == 7 and ds.train_x.shape == (14, 3) and ds.test_x.shape == (7, 3)

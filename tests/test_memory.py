@@ -394,8 +394,9 @@ def test_nbytes_counts_the_preallocated_storage():
     mem = ReplayMemory(10, 4)
     base = mem.nbytes()
     assert base >= 10 * 4 * 4
-    mem.grow_logits(3)
-    assert mem.nbytes() == base + 10 * 3 * 4
+    mem.grow_logits(3)  # the logit columns are allocated by capacity doubling
+    assert mem.width == 3 and mem.logits.shape == (10, 3)
+    assert mem.nbytes() == base + 10 * mem._logits.shape[1] * 4 >= base + 10 * 3 * 4
 
 
 def test_bad_input_raises_clear_errors():

@@ -26,6 +26,7 @@ from ciosl.learners.base import (
 )
 
 DIM, N_CLASSES = 20, 5
+PREDICT_CELLS = 2**24  # probabilities per predict_proba call of checked_predict
 INT_LABELS = [7, 3, 11, 0, 5]  # not 0..K-1, so a learner cannot confuse labels and indices
 STR_LABELS = ["cat", "dog", "emu", "fox", "gnu"]
 _CENTERS = np.random.default_rng(1234).normal(0.0, 3.0, (N_CLASSES, DIM))  # well separated
@@ -74,8 +75,14 @@ def checked_predict(learner: Learner, Z: np.ndarray) -> np.ndarray:
     ``LearnerError`` naming the method and the problem, instead of writing an Omega."""
     n = len(Z)
     if type(learner).predict is Learner.predict:  # checks whatever predict_proba is
-        P = checked_proba(learner, learner.predict_proba(Z), n)
-        return learner._labels_of(P)
+        # in row chunks of at most PREDICT_CELLS probabilities: 100,000 test rows of 100,000
+        # classes would be 80 GB at once
+        rows = max(1, PREDICT_CELLS // max(len(learner.classes_), 1))
+        return np.concatenate([
+            learner._labels_of(checked_proba(learner, learner.predict_proba(Z[i:i + rows]),
+                                             len(Z[i:i + rows])))
+            for i in range(0, n, rows)]) if n else learner._labels_of(
+                checked_proba(learner, learner.predict_proba(Z), n))
     pred = learner.predict(Z)
     problem = labels_problem(pred, n, list(learner.classes_))
     if problem is not None:
@@ -369,6 +376,76 @@ def check_bad_input(cls, settings) -> None:
         assert s.name in str(err.value)
 
 
+class InjectedFailure(RuntimeError):
+    """The failure ``check_failure_rolls_back`` injects inside an update."""
+
+
+@contextlib.contextmanager
+def failing_after(learner: Learner, method: str, at: int = 1):
+    """Make ``learner.<method>`` (an update: ``_learn_one``, ``_learn_batch``, ``_fit_base``)
+    raise ``InjectedFailure`` right after its ``at``-th call has run to the end, when every
+    class of the call has grown the model and the update has changed what it changes."""
+    original, calls = getattr(learner, method), [0]
+
+    def failing(*args, **kwargs):
+        out = original(*args, **kwargs)
+        calls[0] += 1
+        if calls[0] == at:
+            raise InjectedFailure(f"failure injected after {method}")
+        return out
+
+    setattr(learner, method, failing)
+    try:
+        yield
+    finally:
+        delattr(learner, method)
+
+
+def check_failure_rolls_back(cls, settings) -> None:
+    """(9b) All-or-nothing: a failure inside the update, after the new classes have grown the
+    model, leaves the learner exactly as before -- state_dict equal bit for bit, and the same
+    continued learning as a twin that never failed -- for learn_one with a new label,
+    learn_many with new and known labels (a new one first, and last), and fit_base with a new
+    class."""
+    from ciosl.learners.base import digest
+
+    Zb, yb, Zs, ys = class_stream()
+    Zt, _ = held_out()
+    half = int(np.flatnonzero(ys == 3)[0])  # classes 3 and 4 still to come
+    lab = [INT_LABELS[k] for k in ys]
+
+    def build() -> Learner:
+        return learn(cls(**settings).fit_base(Zb, [INT_LABELS[k] for k in yb]), Zs[:half],
+                     ys[:half])
+
+    learner, twin = build(), build()
+    batch = list(range(half, half + 3)) + [0]  # a new class, then a known one
+    base_Z = np.concatenate([Zb[:4], Zs[-1:]])  # a base set with the last class (new)
+    base_y = [INT_LABELS[k] for k in yb[:4]] + [lab[-1]]
+    many = "_learn_batch" if learner._has_batch_update() else "_learn_one"
+    attempts = [("learn_one", "_learn_one", 1, lambda: learner.learn_one(Zs[half], lab[half])),
+                ("learn_many", many, 1 if many == "_learn_batch" else len(batch),
+                 lambda: learner.learn_many(Zs[batch], [lab[i] for i in batch])),
+                ("learn_many", many, 1 if many == "_learn_batch" else len(batch),
+                 lambda: learner.learn_many(Zs[batch[::-1]], [lab[i] for i in batch[::-1]])),
+                ("fit_base", "_fit_base", 1, lambda: learner.fit_base(base_Z, base_y))]
+    before = digest(learner.state_dict())
+    for what, method, at, call in attempts:
+        with failing_after(learner, method, at), _raises(InjectedFailure):
+            call()
+        assert learner.classes_ == twin.classes_ and learner.n_seen_ == twin.n_seen_, (
+            f"{what} failed inside its update but left classes_ or n_seen_ changed")
+        assert digest(learner.state_dict()) == before, (
+            f"{what} failed inside its update (after growth) but left the state changed")
+    np.testing.assert_array_equal(learner.predict_proba(Zt), twin.predict_proba(Zt))
+    for z in (learner, twin):
+        learn(z, Zs[half:], ys[half:])
+        z.learn_many(Zs[batch], [lab[i] for i in batch])
+    assert digest(learner.state_dict()) == digest(twin.state_dict()), (
+        "after a rolled-back failure the learner continues differently from a twin")
+    np.testing.assert_array_equal(learner.predict_proba(Zt), twin.predict_proba(Zt))
+
+
 def check_metadata(cls, settings) -> None:
     """(10) Registry name, single-pass flag, description and one help line per setting."""
     assert cls.name and available_methods().get(cls.name, cls) is cls, (
@@ -384,7 +461,7 @@ CHECKS = [check_constructor, check_emerging_classes, check_probabilities,
           check_predict_is_argmax, check_predict_one, check_same_seed, check_memory_layout,
           check_state_round_trip,
           check_save_load, check_memory_capacity, check_above_chance, check_bad_input,
-          check_metadata]
+          check_failure_rolls_back, check_metadata]
 
 
 def _reason(e: BaseException) -> str:

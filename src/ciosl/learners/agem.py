@@ -94,6 +94,13 @@ class AGEM(TinyER):
         for z, k in zip(Z, yi, strict=True):
             self._offer(z, int(k))
 
+    def _undo_record(self, yi: np.ndarray) -> dict[str, Any]:
+        return {**super()._undo_record(yi), "n_projected": self.n_projected}
+
+    def _undo(self, record: dict[str, Any], n_classes: int) -> None:
+        super()._undo(record, n_classes)
+        self.n_projected = record["n_projected"]
+
     def _state(self) -> dict[str, Any]:
         return {**super()._state(), "n_projected": self.n_projected}
 

@@ -416,6 +416,8 @@ def bad_feature(Z: np.ndarray) -> tuple[int, str] | None:
     """The first row of the real 2-d array ``Z`` holding a value a learner refuses, and what is
     wrong with it (``"has NaN or infinite features"``, ``"has feature 3 = 1e+39, too large
     ..."``), or None. Feature files use it too, to name the file and the row."""
+    if Z.size and np.abs(Z).max() <= MAX_FEATURE:  # one pass when all is well (NaN fails it)
+        return None
     finite = np.isfinite(Z).all(axis=1)
     big = ~(np.abs(np.where(np.isfinite(Z), Z, 0)) <= MAX_FEATURE).all(axis=1)
     bad = ~finite | big
@@ -736,22 +738,83 @@ class Learner:
 
     # ------------------------------------------------------------------ public protocol
     @contextlib.contextmanager
-    def _all_or_nothing(self, full: bool):
-        """Leave the learner as it was if the block raises. ``full``: a copy of the whole state
-        (a new class grows the model, a base init or a batch changes everything); otherwise
-        the random generators only: a learner detects a non-finite loss before its parameters
-        or its memory move, but may have drawn replay samples by then."""
-        saved = copy.deepcopy(self.state_dict()) if full else None
+    def _all_or_nothing(self, full: bool, labels: Any = None):
+        """Leave the learner as it was if the block raises, at a cost that does not grow with
+        the state. ``full`` (a new class may grow the model, a base init or a batch changes
+        more than one step): the learner's ``_undo_record`` of what learning ``labels`` will
+        overwrite, taken before anything changes; classes added in the block are dropped by
+        truncation (``_undo``), and a state built in the block is dropped. Otherwise the random
+        generators only: a learner detects a non-finite loss before its parameters or its
+        memory move, but may have drawn replay samples by then. A learner without
+        ``_undo_record`` (one of the user's own) gets a copy of its whole state. Nested calls
+        (``learn_many`` learning sample by sample) are covered by the outermost one."""
+        if getattr(self, "_in_call", False):
+            yield
+            return
         rng = self.rng.bit_generator.state, self.torch_rng.get_state()  # fresh copies
+        k, dim, n_seen = len(self.classes_), self.dim_, self.n_seen_
+        cheap = self._has_undo()
+        saved = record = None
+        if full and dim is not None:
+            if cheap:
+                record = self._undo_record(self._indices_of(labels))
+            else:
+                saved = copy.deepcopy(self.state_dict())
+        self._in_call = True
         try:
             yield
+            if record is not None:
+                self._undo_done(record)
         except BaseException:
             if saved is not None:
                 self.load_state_dict(saved, check=False)
-            else:
-                self.rng.bit_generator.state, _ = rng
-                self.torch_rng.set_state(rng[1])
+            elif full and (cheap or dim is None):
+                if dim is None:  # the state was built in this call: back to none
+                    self.classes_, self._class_index, self.dim_ = [], {}, None
+                else:
+                    self._undo(record, k)
+                    for lab in self.classes_[k:]:
+                        del self._class_index[lab]
+                    del self.classes_[k:]
+                self.n_seen_ = n_seen
+            self.rng.bit_generator.state, _ = rng
+            self.torch_rng.set_state(rng[1])
             raise
+        finally:
+            self._in_call = False
+
+    def _indices_of(self, labels: Any) -> np.ndarray:
+        """The internal index each of ``labels`` has or would get (new labels: from
+        len(classes_) on, in order of first appearance), without adding any."""
+        index, out = self._class_index, []
+        new: dict = {}
+        for v in np.asarray(labels, dtype=object).reshape(-1):
+            v = _hashable(v)
+            try:
+                k = index.get(v)
+                if k is None:
+                    k = new.setdefault(v, len(self.classes_) + len(new))
+            except TypeError:  # an unhashable label: refused by the checks later
+                continue
+            out.append(k)
+        return np.asarray(out, dtype=np.int64)
+
+    @classmethod
+    def _has_undo(cls) -> bool:
+        return cls._undo_record is not Learner._undo_record
+
+    def _undo_record(self, yi: np.ndarray) -> Any:
+        """What learning samples of classes ``yi`` (indices; those >= len(classes_) are new)
+        may overwrite, enough for ``_undo`` to restore it: never a copy of the whole state
+        (see ``ciosl.learners.undo``). Not overridden: the whole state is copied instead."""
+        raise NotImplementedError
+
+    def _undo(self, record: Any, n_classes: int) -> None:
+        """Restore what ``record`` holds and keep only the first ``n_classes`` classes."""
+        raise NotImplementedError
+
+    def _undo_done(self, record: Any) -> None:
+        """The call succeeded: ``record`` is dropped (a learner ends a journal here)."""
 
     def _any_new(self, labels: Any) -> bool:
         """True if ``labels`` may add a class (or the state is not built yet)."""
@@ -765,7 +828,7 @@ class Learner:
 
     def fit_base(self, Z, y) -> Learner:
         """Offline base initialization on (Z, y); the learner is unchanged if it raises."""
-        with self._all_or_nothing(full=True):
+        with self._all_or_nothing(full=True, labels=y):
             Z, y = self._prepare(Z, y, "fit_base")
             yi = self._encode_new(y)
             self._fit_base(Z, yi)
@@ -779,7 +842,7 @@ class Learner:
         if Z.shape[0] != 1:  # checked before _prepare may fix the feature width
             raise ValueError(f"learn_one: expects one sample, got {Z.shape[0]}")
         labels = [y] if not isinstance(y, list | np.ndarray) else y
-        with self._all_or_nothing(full=self._any_new(labels)):
+        with self._all_or_nothing(full=self._any_new(labels), labels=labels):
             Z, (lab,) = self._prepare(Z, labels, "learn_one", checked=True)
             (yi,) = self._encode_new([lab])
             with single_thread():
@@ -791,7 +854,7 @@ class Learner:
         implement ``_learn_batch(Z, yi)``; the others learn the samples one at a time, in
         order. The whole batch is checked before anything is learned, and the learner is
         unchanged if it raises."""
-        with self._all_or_nothing(full=True):
+        with self._all_or_nothing(full=True, labels=y):
             Z, y = self._prepare(Z, y, "learn_many")
             if not self._has_batch_update():
                 for i in range(Z.shape[0]):

@@ -54,6 +54,7 @@ import torch
 from ciosl.learners.base import Learner
 from ciosl.learners.bnn import BayesMLP
 from ciosl.learners.head import HIDDEN, SGD, check_finite, clip_grad_norm_
+from ciosl.learners.undo import keep, keep_attrs, restore
 
 REFRESHES = ("every", "class", "base", "step")
 FISHER_DECAY = 0.01  # EMA rate of the Fisher estimate (~100 steps) of VCL and the coreset methods
@@ -194,6 +195,19 @@ class BayesHead(Learner):
             self.net.refresh_prior()  # the posterior that knows the old classes
         (self.opt.buffers[0],) = self.net.grow(1, self.torch_rng, carry=(self.opt.buffers[0],))
         self._grad = torch.zeros_like(self.net.mu)
+
+    def _undo_record(self, yi: np.ndarray) -> dict[str, Any]:
+        """A step moves the means, the Fisher EMA and the momentum in place: their values; the
+        prior, a grown layer and the scratch buffers are replaced: kept by reference."""
+        grows = bool(len(yi)) and int(yi[0]) >= len(self.classes_)  # a new class first:
+        # the flat means, Fisher and momentum are replaced by grown ones before any step
+        return {"net": keep(self.net, *(() if grows else ("mu", "fisher"))),
+                "opt": keep(self.opt, *(() if grows else ("buffers",))),
+                "head": keep_attrs(self, ("_grad", "_since_refresh", "_streaming"))}
+
+    def _undo(self, record: dict[str, Any], n_classes: int) -> None:
+        for part in ("net", "opt", "head"):
+            restore(record[part])
 
     def _state(self) -> dict[str, Any]:
         return {"net": self.net.state(), "momentum": self.opt.state(),

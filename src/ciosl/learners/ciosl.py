@@ -236,6 +236,18 @@ class CIOSL(BayesHead):
         """Whether this step distils (``distill_when``)."""
         return self.distill_when == "always" or self.net.n_out > self._base_classes
 
+    def _undo_record(self, yi: np.ndarray) -> dict[str, Any]:
+        return {**super()._undo_record(yi), "memory": self.memory.begin(),
+                "base_classes": self._base_classes}
+
+    def _undo(self, record: dict[str, Any], n_classes: int) -> None:
+        super()._undo(record, n_classes)
+        self.memory.rollback(record["memory"])
+        self._base_classes = record["base_classes"]
+
+    def _undo_done(self, record: dict[str, Any]) -> None:
+        self.memory.commit()
+
     def _state(self) -> dict[str, Any]:
         return {**super()._state(), "memory": self.memory.state(),
                 "base_classes": self._base_classes}

@@ -53,6 +53,7 @@ import torch.nn.functional as F
 from ciosl.learners.base import register
 from ciosl.learners.finetune import FineTune
 from ciosl.learners.head import MAX_GRAD_NORM, SGD
+from ciosl.learners.undo import keep_attrs, restore
 
 
 @register
@@ -160,6 +161,18 @@ class EWC(FineTune):
         self.opt.step(self.net.params)
 
     # ------------------------------------------------------------------ state
+    def _undo_record(self, yi: np.ndarray) -> dict[str, Any]:
+        """The running importance moves in place every step; the anchor, the frozen
+        importance and the curvature are only ever replaced: kept by reference."""
+        grows = self._grows_first(yi)  # a new class first replaces every omega tensor
+        return {**super()._undo_record(yi), "ewc": keep_attrs(
+            self, ("omega", "n_omega", "omega_frozen", "anchor", "_curv", "_since_refresh",
+                   "_streaming"), mutable=() if grows else ("omega",))}
+
+    def _undo(self, record: dict[str, Any], n_classes: int) -> None:
+        super()._undo(record, n_classes)
+        restore(record["ewc"])
+
     def _state(self) -> dict[str, Any]:
         return {**super()._state(), "omega": [o.clone() for o in self.omega],
                 "n_omega": self.n_omega, "omega_frozen": [o.clone() for o in self.omega_frozen],

@@ -116,6 +116,32 @@ class ExStream(FineTune):
         for c in range(len(self.protos) - 1):
             self._shrink(c, self.class_capacity())
 
+    def _undo_record(self, yi: np.ndarray) -> dict[str, Any]:
+        """The lists by reference, and the values of the classes a step may change in place:
+        those of ``yi``, and, when classes arrive, those over the smaller share (the merges
+        cost more than these copies)."""
+        K = len(self.protos)
+        touched = {int(c) for c in yi if c < K}
+        n_new = len({int(c) for c in yi if c >= K})
+        if n_new:
+            cap = self.buffer // (K + n_new)
+            touched |= {c for c in range(K) if len(self.protos[c]) > max(cap, 1) or cap == 0}
+        saved = [(c, self.protos[c], self.protos[c].clone(), self.counts[c],
+                  self.counts[c].clone(), self._dist[c],
+                  None if self._dist[c] is None else self._dist[c].clone()) for c in touched]
+        return {**super()._undo_record(yi), "lists": (list(self.protos), list(self.counts),
+                                                      list(self._dist)), "classes": saved}
+
+    def _undo(self, record: dict[str, Any], n_classes: int) -> None:
+        super()._undo(record, n_classes)
+        self.protos, self.counts, self._dist = (list(v) for v in record["lists"])
+        for c, P, P0, n, n0, D, D0 in record["classes"]:
+            P.copy_(P0)
+            n.copy_(n0)
+            if D is not None:
+                D.copy_(D0)
+            self.protos[c], self.counts[c], self._dist[c] = P, n, D
+
     def _state(self) -> dict[str, Any]:
         return {**super()._state(), "protos": [P.clone() for P in self.protos],
                 "counts": [n.clone() for n in self.counts]}

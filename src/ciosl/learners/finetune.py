@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 from ciosl.learners.base import Learner, register
 from ciosl.learners.head import HIDDEN, MAX_GRAD_NORM, MLP, SGD, check_finite
+from ciosl.learners.undo import keep, restore
 
 
 @register
@@ -97,6 +98,30 @@ class FineTune(Learner):
 
     def _predict_proba(self, Z: np.ndarray) -> np.ndarray:
         return self.net.predict_proba(Z)  # (n, n_seen), under torch.no_grad
+
+    def _grows_first(self, yi: np.ndarray) -> bool:
+        """True if the call's first sample brings a new class: the output layer (and its
+        momentum buffer) is then replaced by a grown one before any step, and the old tensors
+        are never written again (kept by reference, no copy)."""
+        return bool(len(yi)) and int(yi[0]) >= len(self.classes_)
+
+    def _undo_record(self, yi: np.ndarray) -> dict[str, Any]:
+        """A step moves every parameter and momentum buffer in place: their values (the head,
+        not the learner's memory), but for the output layer when it is about to grow."""
+        net, opt = keep(self.net), keep(self.opt)
+        n = len(self.net.params) - (2 if self._grows_first(yi) else 0)
+        return {"net": net, "opt": opt,
+                "values": [(t, t.detach().clone()) for t in self.net.params[:n]]
+                + [(b, b.clone()) for b in self.opt.buffers[:n] if b is not None]}
+
+    def _undo(self, record: dict[str, Any], n_classes: int) -> None:
+        restore(record["net"])
+        restore(record["opt"])
+        with torch.no_grad():
+            for t, saved in record["values"]:
+                t.copy_(saved)
+        for p in self.net.params:
+            p.grad = None  # a gradient left by the failed step would add to the next one
 
     def _state(self) -> dict[str, Any]:
         return {"params": self.net.state(), "momentum": self.opt.state()}

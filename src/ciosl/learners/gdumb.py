@@ -124,6 +124,16 @@ class GDumb(Learner):
     def _predict_proba(self, Z: np.ndarray) -> np.ndarray:
         return self.head().predict_proba(Z)  # (n, n_seen)
 
+    def _undo_record(self, yi: np.ndarray) -> tuple:
+        return self.memory.begin(), self.version  # the head is replaced, never changed
+
+    def _undo(self, record: tuple, n_classes: int) -> None:
+        self.memory.rollback(record[0])
+        self.version = record[1]
+
+    def _undo_done(self, record: tuple) -> None:
+        self.memory.commit()
+
     def _state(self) -> dict[str, Any]:
         return {"memory": self.memory.state(), "version": self.version,
                 "head": None if self._head is None else self._head.state(),

@@ -25,6 +25,11 @@ deterministic given the pool.
 All randomness comes from the ``rng`` argument (the learner's generator). Storage is torch
 (CPU, preallocated); the per-item bookkeeping (scores, victims, writes) works on zero-copy numpy
 views of it (``_np``), since a torch call per scalar costs microseconds on a one-sample step.
+The logits' columns grow with the classes by capacity doubling (``logits`` is the view of the
+``width`` columns in use), so a new class costs amortised O(capacity), not a copy per class.
+
+All-or-nothing (``begin`` / ``rollback`` / ``commit``): while a journal is open, every slot is
+saved before it is first written, so a failed learner call puts back exactly the rows it wrote.
 """
 
 from __future__ import annotations
@@ -97,19 +102,22 @@ class ReplayMemory:
                              f"features needs {need / 2**30:.1f} GiB, more than can be "
                              "allocated here; use a smaller buffer (--buffer)") from None
         self.y = torch.zeros(cap, dtype=torch.int64)  # (C,)
-        self.logits = torch.zeros(cap, width)  # (C, width)
+        self._logits = torch.zeros(cap, width)  # (C, >= width), columns from width on are 0
+        self._width = width
         self.n_logits = torch.zeros(cap, dtype=torch.int64)  # (C,)
         self.loss = torch.zeros(cap)  # (C,)
         self.uncertainty = torch.zeros(cap)  # (C,)
         self._counts = np.zeros(8, dtype=np.int64)  # (n_classes,) items per class, incremental
         self._size = 0
         self.n_offered = 0
+        self._journal: dict[int, tuple] | None = None  # slot -> its row before the call
         self._views()
 
     def _views(self) -> None:
         """Zero-copy numpy views of the storage, rebuilt whenever a tensor is replaced."""
         self._np = {name: getattr(self, name).numpy() for name in
-                    ("z", "y", "logits", "n_logits", "loss", "uncertainty")}
+                    ("z", "y", "_logits", "n_logits", "loss", "uncertainty")}
+        self._np["logits"] = self._np.pop("_logits")  # every column of the buffer
 
     def __getstate__(self) -> dict[str, Any]:
         """Copies and pickles carry the tensors only: a copied view would not alias the copied
@@ -131,11 +139,16 @@ class ReplayMemory:
     @property
     def width(self) -> int:
         """Number of logit columns currently stored."""
-        return self.logits.shape[1]
+        return self._width
+
+    @property
+    def logits(self) -> torch.Tensor:
+        """(C, width) stored logits (a view of the buffer)."""
+        return self._logits[:, :self._width]
 
     def nbytes(self) -> int:
         """Bytes of the stored arrays (preallocated for the full capacity)."""
-        ts = (self.z, self.y, self.logits, self.n_logits, self.loss, self.uncertainty)
+        ts = (self.z, self.y, self._logits, self.n_logits, self.loss, self.uncertainty)
         return sum(t.element_size() * t.nelement() for t in ts) + self._counts.nbytes
 
     def class_counts(self) -> dict[int, int]:
@@ -144,12 +157,55 @@ class ReplayMemory:
         return {int(c): int(self._counts[c]) for c in nz}
 
     def grow_logits(self, n_classes: int) -> None:
-        """Widen the logits storage to ``n_classes`` columns (zeros); existing values kept."""
-        if n_classes > self.width:
-            new = torch.zeros(self.capacity, n_classes)  # (C, n_classes)
-            new[:, : self.width] = self.logits
-            self.logits = new
-            self._views()
+        """Widen the logits storage to ``n_classes`` columns (zeros); existing values kept.
+        The buffer doubles when full: amortised O(capacity) per class."""
+        if n_classes > self._width:
+            if n_classes > self._logits.shape[1]:
+                cap = max(n_classes, 2 * self._logits.shape[1], 8)
+                new = torch.zeros(self.capacity, cap)  # (C, cap)
+                new[:, :self._width] = self.logits
+                self._logits = new
+                self._views()
+            self._width = n_classes
+
+    # ------------------------------------------------------------------ all-or-nothing
+    def begin(self) -> tuple:
+        """Open a journal: until ``commit`` or ``rollback``, each slot's row is saved before
+        its first write (O(row) per write). Returns the token ``rollback`` needs."""
+        self._journal = {}
+        return self._size, self.n_offered, self._width
+
+    def commit(self) -> None:
+        self._journal = None
+
+    def rollback(self, token: tuple) -> None:
+        """Put back every row written since ``begin``, the sizes and the logit width."""
+        size, n_offered, width = token
+        v = self._np
+        for slot, (z, y, h, n, loss, unc) in (self._journal or {}).items():
+            if slot < self._size:
+                self._counts[v["y"][slot]] -= 1
+            if slot < size:
+                self._counts[y] += 1
+            v["z"][slot], v["y"][slot] = z, y
+            v["logits"][slot, :len(h)] = h
+            v["logits"][slot, len(h):] = 0.0
+            v["n_logits"][slot], v["loss"][slot], v["uncertainty"][slot] = n, loss, unc
+        self._journal = None
+        self._size, self.n_offered, self._width = size, n_offered, width
+
+    def _save(self, slots: np.ndarray | list) -> None:
+        """Journal the rows of ``slots`` not saved yet (a no-op without a journal)."""
+        j = self._journal
+        if j is None:
+            return
+        v = self._np
+        for slot in slots:
+            slot = int(slot)
+            if slot not in j:
+                j[slot] = (v["z"][slot].copy(), int(v["y"][slot]), v["logits"][slot].copy(),
+                           int(v["n_logits"][slot]), float(v["loss"][slot]),
+                           float(v["uncertainty"][slot]))
 
     # ------------------------------------------------------------------ storing
     def offer(self, z: Any, y: int, *, logits: Any, loss: float, uncertainty: float,
@@ -198,6 +254,7 @@ class ReplayMemory:
     def _write(self, slot: int, z: np.ndarray, y: int, h: np.ndarray, loss: float,
                uncertainty: float) -> None:
         c = h.shape[0]
+        self._save((slot,))
         self.grow_logits(c)
         v = self._np
         v["z"][slot] = z
@@ -271,7 +328,7 @@ class ReplayMemory:
         """(logits[slots] (k, width), mask (k, width) bool: column < n_logits[slot])."""
         s = self._slots(slots)
         mask = np.arange(self.width)[None, :] < self._np["n_logits"][s][:, None]  # (k, width)
-        return torch.from_numpy(self._np["logits"][s]), torch.from_numpy(mask)
+        return torch.from_numpy(self._np["logits"][s, :self._width]), torch.from_numpy(mask)
 
     def update(self, slots: Any, *, logits: Any = None, loss: Any = None,
                uncertainty: Any = None) -> None:
@@ -294,6 +351,7 @@ class ReplayMemory:
             if np.isnan(v).any() or (name == "loss" and (v < 0).any()):
                 raise ValueError(f"memory.update: {name} has NaN or negative values")
             scores[name] = v
+        self._save(s)
         if h is not None:
             c = h.shape[1]
             self.grow_logits(c)

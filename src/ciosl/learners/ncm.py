@@ -1,7 +1,7 @@
 """NCM: nearest class mean.
 
-One running mean per class (exact, count-weighted, float64); predict the class whose mean is
-nearest in Euclidean distance. ``predict_proba`` is softmax(-||z - mu_k||^2 / temperature),
+One running mean per class (exact, count-weighted, float64, taken in blocks of samples:
+``blocks.py``); predict the class whose mean is nearest in Euclidean distance. ``predict_proba`` is softmax(-||z - mu_k||^2 / temperature),
 computed from the logits (2 z.mu_k - ||mu_k||^2) / temperature, which differ from the negative
 squared distances by a per-row constant (||z||^2) that the softmax cancels: no large numbers, no
 cancellation, and the max is subtracted before exponentiating.
@@ -14,7 +14,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ciosl.learners.base import Learner, register
+from ciosl.learners.base import register
+from ciosl.learners.blocks import BlockMeans
 
 
 def merge_means(mu: torch.Tensor, n: torch.Tensor, Z: torch.Tensor, yi: torch.Tensor
@@ -28,7 +29,7 @@ def merge_means(mu: torch.Tensor, n: torch.Tensor, Z: torch.Tensor, yi: torch.Te
 
 
 @register
-class NCM(Learner):
+class NCM(BlockMeans):
     name = "ncm"
     regimes = ("streaming", "online")
     regime_note = ("a running class mean: visiting a task for several epochs counts its samples several times")
@@ -47,30 +48,16 @@ class NCM(Learner):
         if not self.temperature > 0:
             raise ValueError(f"{self.name}: temperature must be > 0, got {self.temperature}")
 
-    def _init_state(self, dim: int) -> None:
-        self.mu = torch.zeros(0, dim, dtype=torch.float64)  # (K, d)
-        self.counts = torch.zeros(0, dtype=torch.int64)  # (K,)
-
-    def _add_class(self) -> None:
-        self.mu = torch.cat([self.mu, self.mu.new_zeros(1, self.mu.shape[1])])
-        self.counts = torch.cat([self.counts, self.counts.new_zeros(1)])
-
-    def _fit_base(self, Z: np.ndarray, yi: np.ndarray) -> None:
-        Z64 = torch.from_numpy(Z).double()
-        self.mu, self.counts = merge_means(self.mu, self.counts, Z64, torch.from_numpy(yi))
-
-    def _learn_one(self, z: np.ndarray, yi: int) -> None:
-        n = int(self.counts[yi])
-        self.mu[yi] += (torch.from_numpy(z).double() - self.mu[yi]) / (n + 1)
-        self.counts[yi] += 1
+    _fit_base = BlockMeans._append
 
     def _predict_proba(self, Z: np.ndarray) -> np.ndarray:
+        mu = self.mu  # (K, d), waiting rows included
         Z64 = torch.from_numpy(Z).double()  # (n, d)
-        logits = (2 * Z64 @ self.mu.T - (self.mu**2).sum(1)) / self.temperature  # (n, K)
+        logits = (2 * Z64 @ mu.T - (mu**2).sum(1)) / self.temperature  # (n, K)
         return torch.softmax(logits, dim=1).numpy()
 
     def _state(self) -> dict[str, Any]:
-        return {"mu": self.mu.clone(), "counts": self.counts.clone()}
+        return self._block_state()
 
     def _load_state(self, state: dict[str, Any]) -> None:
-        self.mu, self.counts = state["mu"].clone(), state["counts"].clone()
+        self._load_block_state(state)

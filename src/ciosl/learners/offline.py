@@ -135,6 +135,12 @@ class Offline(Learner):
         P = self.head().predict_proba(Z)  # (n, K) columns in sorted-label order
         return P[:, self._sorted_rank()]  # (n, K) columns in classes_ order
 
+    def _undo_record(self, yi: np.ndarray) -> int:
+        return self.n  # learning only appends rows: truncation undoes it
+
+    def _undo(self, record: int, n_classes: int) -> None:
+        self.n = record
+
     def _state(self) -> dict[str, Any]:
         return {"Z": self.Z[:self.n].clone(), "y": self.y[:self.n].clone(),
                 "n_trains": self.n_trains, "head_n": self._head_n,

@@ -145,8 +145,29 @@ class Remind(FineTune):
             y = self.labels.numpy()
             members = np.flatnonzero(y == np.argmax(np.bincount(y)))  # ties: lowest class
             slot = int(members[self.rng.integers(len(members))])
+        journal = getattr(self, "_journal", None)
+        if journal is not None and slot not in journal:
+            journal[slot] = self.codes, self.codes[slot].clone(), int(self.labels[slot])
         self.codes[slot] = torch.from_numpy(code)
         self.labels[slot] = c
+
+    def _undo_record(self, yi: np.ndarray) -> dict[str, Any]:
+        """The head's record, the stored codes journalled slot by slot (``_store``); the
+        quantizer and the code buffers are replaced, never changed, once trained."""
+        self._journal: dict[int, tuple] | None = {}
+        return {**super()._undo_record(yi), "codes": (self.pq, self.nbits_, self.codes,
+                                                      self.labels, self._size)}
+
+    def _undo(self, record: dict[str, Any], n_classes: int) -> None:
+        super()._undo(record, n_classes)
+        self.pq, self.nbits_, self.codes, self.labels, self._size = record["codes"]
+        for slot, (codes, code, label) in (self._journal or {}).items():
+            if codes is self.codes:  # rows of a buffer made in the call are dropped with it
+                self.codes[slot], self.labels[slot] = code, label
+        self._journal = None
+
+    def _undo_done(self, record: dict[str, Any]) -> None:
+        self._journal = None
 
     def _state(self) -> dict[str, Any]:
         cb = None if self.pq is None else torch.from_numpy(faiss.vector_to_array(self.pq.centroids))

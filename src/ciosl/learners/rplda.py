@@ -41,17 +41,20 @@ import numpy as np
 import torch
 
 from ciosl.learners.base import Learner, register
+from ciosl.learners.undo import Rows
 
 MAX_PROJ_DIM = 65536  # a (D, D) float64 second moment: 34 GB at the bound
 TILE = 512  # column tiles of the lower block-triangular GEMM
 PREDICT_CHUNK = 2048  # rows projected at once in predict_proba
 
 
-def add_gram_(M: torch.Tensor, H: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
-    """M += alpha H^T H on the tiles of M on and below the diagonal (the tiles above it are not
-    touched; ``symmetric`` rebuilds them): about half the flops of a full GEMM."""
-    for j in range(0, M.shape[0], TILE):
-        M[j:, j:j + TILE].addmm_(H[:, j:].T, H[:, j:j + TILE], alpha=alpha)
+def add_gram_(M: torch.Tensor, H: torch.Tensor, alpha: float = 1.0, tile: int = TILE
+              ) -> torch.Tensor:
+    """M += alpha H^T H on the column tiles of M on and below the diagonal (the part above it
+    is not touched; ``symmetric`` rebuilds it, for any ``tile`` <= TILE): about half the
+    flops of a full GEMM."""
+    for j in range(0, M.shape[0], tile):
+        M[j:, j:j + tile].addmm_(H[:, j:].T, H[:, j:j + tile], alpha=alpha)
     return M
 
 
@@ -110,8 +113,9 @@ class RPLDA(Learner):
         g = torch.Generator().manual_seed(int(self.seed))
         self.proj = torch.randn(D, dim, generator=g, dtype=torch.float64) / math.sqrt(dim)  # (D, d)
         self.shift = torch.zeros(D, dtype=torch.float64)  # (D,) c, set by the first commit
-        self.sums = torch.zeros(0, D, dtype=torch.float64)  # (K, D) sum of h - c per class
-        self.counts = torch.zeros(0, dtype=torch.int64)  # (K,) committed samples per class
+        self._sums = Rows((D,), torch.float64)  # (K, D) sum of h - c per class
+        self._counts = Rows((), torch.int64)  # (K,) committed samples per class
+        self._journal: dict[str, Any] | None = None
         self.m2 = torch.zeros(0, 0, dtype=torch.float64)  # (D, D) once committed, lower part
         self.n_committed = 0
         self.pending_z = torch.zeros(self.block, dim)  # (block, d) raw samples waiting
@@ -119,10 +123,52 @@ class RPLDA(Learner):
         self.n_pending = 0
         self._Wb: tuple[torch.Tensor, torch.Tensor] | None = None
 
+    @property
+    def sums(self) -> torch.Tensor:
+        return self._sums.view  # (K, D), grown by capacity doubling
+
+    @property
+    def counts(self) -> torch.Tensor:
+        return self._counts.view  # (K,)
+
     def _add_class(self) -> None:
-        self.sums = torch.cat([self.sums, self.sums.new_zeros(1, self.sums.shape[1])])
-        self.counts = torch.cat([self.counts, self.counts.new_zeros(1)])
+        self._sums.grow()
+        self._counts.grow()
         self._Wb = None
+
+    # ------------------------------------------------------------------ all-or-nothing
+    def _undo_record(self, yi: np.ndarray) -> dict[str, Any]:
+        """Two counts; ``_commit`` adds what it is about to overwrite (the waiting rows, the
+        second moment, the rows of the classes in the block)."""
+        self._journal = {"n_pending": self.n_pending, "rows": []}
+        return self._journal
+
+    def _save_before_commit(self, y: torch.Tensor) -> None:
+        j = self._journal
+        if j is None:
+            return
+        if "pending" not in j:
+            j["pending"] = self.pending_z.clone(), self.pending_y.clone()
+            j["moments"] = (self.shift, self.m2 if self.n_committed == 0 else self.m2.clone(),
+                            self.n_committed)
+        u = torch.unique(y)
+        j["rows"].append((u, self.sums[u].clone(), self.counts[u].clone()))
+
+    def _undo(self, record: dict[str, Any], n_classes: int) -> None:
+        for u, sums, counts in reversed(record["rows"]):
+            self._sums.buf[u], self._counts.buf[u] = sums, counts
+        self._sums.truncate(n_classes)
+        self._counts.truncate(n_classes)
+        if "pending" in record:
+            self.pending_z.copy_(record["pending"][0])
+            self.pending_y.copy_(record["pending"][1])
+            self.shift, self.m2, self.n_committed = record["moments"]
+        self.n_pending = record["n_pending"]
+        self._journal = None
+        self._Wb = None
+
+    def _undo_done(self, record: dict[str, Any]) -> None:
+        self._journal = None
 
     def _state(self) -> dict[str, Any]:
         p = self.n_pending
@@ -144,7 +190,10 @@ class RPLDA(Learner):
         if state["m2"].shape != ((D, D) if n else (0, 0)) or int(state["counts"].sum()) != n:
             raise ValueError("second moment or counts inconsistent with n_committed")
         self.shift, self.m2 = state["shift"].clone(), state["m2"].clone()
-        self.sums, self.counts = state["sums"].clone(), state["counts"].clone()
+        if state["sums"].shape != (K, D) or state["counts"].shape != (K,):
+            raise ValueError("class sums or counts inconsistent with the classes")
+        self._sums.set(state["sums"])
+        self._counts.set(state["counts"])
         self.n_committed, self.n_pending = n, p
         self.pending_z[:p], self.pending_y[:p] = state["pending_z"], state["pending_y"]
         self._Wb = None
@@ -177,6 +226,7 @@ class RPLDA(Learner):
         self._Wb = None
 
     def _commit(self, Z: torch.Tensor, y: torch.Tensor) -> None:
+        self._save_before_commit(y)
         H = self._project(Z)  # (b, D)
         if self.n_committed == 0:
             self.shift = H.mean(0)
@@ -184,7 +234,7 @@ class RPLDA(Learner):
         H -= self.shift
         add_gram_(self.m2, H)
         self.sums.index_add_(0, y, H)
-        self.counts += torch.bincount(y, minlength=len(self.counts))
+        self.counts.add_(torch.bincount(y, minlength=len(self.counts)))
         self.n_committed += len(y)
 
     def _learn_one(self, z: np.ndarray, yi: int) -> None:

@@ -1,10 +1,12 @@
 """Deep SLDA: streaming linear discriminant analysis (Hayes & Kanan, CVPR-W 2020).
 
-Per-class running means mu_k and one covariance Sigma shared by all classes, both float64.
+Per-class running means mu_k and one covariance Sigma shared by all classes, both float64,
+updated in exact blocks of samples (``blocks.py``: one float64 GEMM per block for S).
 Sigma is the pooled within-class covariance S / t, S = sum_i (z_i - mu_{y_i})(z_i - mu_{y_i})^T
 over the t samples seen. A new (z, y), with n_y samples of class y seen before, updates it
 exactly (Welford): S += n_y / (n_y + 1) (z - mu_y)(z - mu_y)^T, then mu_y and n_y. Streaming
-over samples therefore equals the batch estimate on the same samples up to rounding.
+over samples therefore equals the batch estimate on the same samples up to rounding; a block
+adds the sum of these updates at once (``_add_scatter``), and answers count the waiting rows.
 
 Deviation from the original code, on purpose: Hayes & Kanan weight the update by t / (t + 1)
 with t the *total* count, an approximation that over-weights the first samples of every new
@@ -29,12 +31,13 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from ciosl.learners.base import Learner, register
-from ciosl.learners.ncm import merge_means
+from ciosl.learners.base import register
+from ciosl.learners.blocks import BlockMeans
+from ciosl.learners.rplda import add_gram_, symmetric
 
 
 @register
-class SLDA(Learner):
+class SLDA(BlockMeans):
     name = "slda"
     regimes = ("streaming", "online")
     regime_note = ("running class means and covariance: several epochs count the same samples several times")
@@ -52,50 +55,84 @@ class SLDA(Learner):
         super().__init__(seed=seed)
 
     def _init_state(self, dim: int) -> None:
-        self.mu = torch.zeros(0, dim, dtype=torch.float64)  # (K, d)
-        self.counts = torch.zeros(0, dtype=torch.int64)  # (K,)
-        self.scatter = torch.zeros(dim, dim, dtype=torch.float64)  # (d, d), S
+        self._S = torch.zeros(dim, dim, dtype=torch.float64)  # (d, d) S committed, lower part
         self.n_cov = 0  # samples in S
+        self._in_base = False
+        super()._init_state(dim)  # means, counts and the waiting rows (blocks.py)
         self._invalidate(cov=True)
 
     def _invalidate(self, cov: bool) -> None:
         self._Wb: tuple[torch.Tensor, torch.Tensor] | None = None
         if cov:
             self._Lambda: torch.Tensor | None = None
+            self._S_total: torch.Tensor | None = None
+
+    def _changed(self, cov: bool) -> None:
+        super()._changed(cov)
+        self._invalidate(cov=cov and self.streaming_update)
+
+    @property
+    def scatter(self) -> torch.Tensor:
+        """S of every sample learned (waiting rows included), (d, d) float64, symmetric."""
+        if self._S_total is None:
+            S, p = self._S, self.n_pending
+            if p and self.streaming_update:
+                S = S.clone()
+                Z64, u, inv, m, nu = self._group(self.pending_z[:p], self.pending_y[:p])
+                self._add_scatter(S, Z64, u, inv, m, nu, self._mu.view, self._n.view)
+            self._S_total = symmetric(S)
+        return self._S_total
 
     @property
     def covariance(self) -> torch.Tensor:
         """Sigma = S / t, (d, d) float64."""
-        return self.scatter / max(self.n_cov, 1)
+        t = self.n_cov + (self.n_pending if self.streaming_update else 0)
+        return self.scatter / max(t, 1)
 
-    def _add_class(self) -> None:
-        self.mu = torch.cat([self.mu, self.mu.new_zeros(1, self.mu.shape[1])])
-        self.counts = torch.cat([self.counts, self.counts.new_zeros(1)])
-        self._invalidate(cov=False)
+    @staticmethod
+    def _add_scatter(S, Z64, u, inv, m, nu, mu, n) -> None:
+        """S += the block's exact scatter update, before the means mu (K, d) and counts n (K,)
+        take the block (Chan et al.; it equals Welford's sample-by-sample updates summed):
+        the rows' scatter about their block class means nu_k, plus, per class seen before,
+        n_k m_k / (n_k + m_k) (nu_k - mu_k)(nu_k - mu_k)^T. One GEMM on the stacked rows, on
+        the lower tiles only (``rplda.add_gram_``)."""
+        n0 = n[u].double()
+        seen = torch.nonzero(n0 > 0).reshape(-1)  # (u',) positions in u
+        X = torch.empty(len(Z64) + len(seen), Z64.shape[1], dtype=torch.float64)
+        torch.sub(Z64, nu[inv], out=X[:len(Z64)])
+        if len(seen):
+            m_s, n_s = m[seen].double(), n0[seen]
+            w = (n_s * m_s / (n_s + m_s)).sqrt_()  # (u',)
+            torch.mul(nu[seen] - mu[u[seen]], w[:, None], out=X[len(Z64):])
+        add_gram_(S, X, tile=256)
 
-    def _fit_base(self, Z: np.ndarray, yi: np.ndarray) -> None:
-        Z64, y = torch.from_numpy(Z).double(), torch.from_numpy(yi)
-        m = torch.bincount(y, minlength=len(self.mu)).double()  # (K,) batch counts
-        nu = merge_means(torch.zeros_like(self.mu), torch.zeros_like(self.counts), Z64, y)[0]
-        D = Z64 - nu[y]  # (n, d) deviations from the batch class means
-        n0 = self.counts.double()
-        w = n0 * m / (n0 + m).clamp(min=1)  # (K,) weight of the between-means term
-        delta = nu - self.mu  # (K, d)
-        self.scatter += D.T @ D + (delta.T * w) @ delta
-        self.n_cov += len(y)
-        self.mu, self.counts = merge_means(self.mu, self.counts, Z64, y)
+    def _fold(self, Z64, u, inv, m, nu, mu, n) -> None:
+        if self.streaming_update or self._in_base:
+            self._add_scatter(self._S, Z64, u, inv, m, nu, mu, n)
+            self.n_cov += len(Z64)
+
+    def _save_first_commit(self, journal: dict[str, Any]) -> None:
+        journal["scatter"] = self._S.clone(), self.n_cov
+
+    def _undo(self, record: dict[str, Any], n_classes: int) -> None:
+        if "scatter" in record:
+            self._S, self.n_cov = record["scatter"]
+        super()._undo(record, n_classes)
         self._invalidate(cov=True)
 
-    def _learn_one(self, z: np.ndarray, yi: int) -> None:
-        z64 = torch.from_numpy(z).double()  # (d,)
-        n = int(self.counts[yi])
-        diff = z64 - self.mu[yi]
-        if self.streaming_update:
-            self.scatter.addr_(diff, diff, alpha=n / (n + 1))
-            self.n_cov += 1
-        self.mu[yi] += diff / (n + 1)
-        self.counts[yi] += 1
-        self._invalidate(cov=self.streaming_update)
+    def _fit_base(self, Z: np.ndarray, yi: np.ndarray) -> None:
+        """The waiting rows are committed first (as stream samples), then the base set at
+        once, its scatter included whatever ``streaming_update`` says."""
+        if self.n_pending:
+            self._commit(self.pending_z[:self.n_pending], self.pending_y[:self.n_pending])
+            self.n_pending = 0
+        self._in_base = True
+        try:
+            self._commit(torch.from_numpy(Z), torch.from_numpy(np.asarray(yi, np.int64)))
+        finally:
+            self._in_base = False
+        self._changed(cov=True)
+        self._invalidate(cov=True)
 
     def _weights(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self._Lambda is None:
@@ -113,10 +150,12 @@ class SLDA(Learner):
         return torch.softmax(scores, dim=1).numpy()
 
     def _state(self) -> dict[str, Any]:
-        return {"mu": self.mu.clone(), "counts": self.counts.clone(),
-                "scatter": self.scatter.clone(), "n_cov": self.n_cov}
+        return {**self._block_state(), "scatter": symmetric(self._S), "n_cov": self.n_cov}
 
     def _load_state(self, state: dict[str, Any]) -> None:
-        self.mu, self.counts = state["mu"].clone(), state["counts"].clone()
-        self.scatter, self.n_cov = state["scatter"].clone(), int(state["n_cov"])
+        d = self.dim_
+        if state["scatter"].shape != (d, d):
+            raise ValueError(f"scatter of shape {tuple(state['scatter'].shape)} for width {d}")
+        self._S, self.n_cov = state["scatter"].double().clone(), int(state["n_cov"])
+        self._load_block_state(state)
         self._invalidate(cov=True)

@@ -100,6 +100,16 @@ class TinyER(FineTune):
         for z, k in zip(Z, yi, strict=True):
             self._offer(z, int(k))
 
+    def _undo_record(self, yi: np.ndarray) -> dict[str, Any]:
+        return {**super()._undo_record(yi), "memory": self.memory.begin()}
+
+    def _undo(self, record: dict[str, Any], n_classes: int) -> None:
+        super()._undo(record, n_classes)
+        self.memory.rollback(record["memory"])
+
+    def _undo_done(self, record: dict[str, Any]) -> None:
+        self.memory.commit()
+
     def _state(self) -> dict[str, Any]:
         return {**super()._state(), "memory": self.memory.state()}
 

@@ -119,6 +119,18 @@ class VCLCoreset(VCL):
     def memory_size(self) -> int:
         return len(self.memory)
 
+    def _undo_record(self, yi: np.ndarray) -> dict[str, Any]:
+        return {**super()._undo_record(yi), "memory": self.memory.begin(),
+                "tuned": (self._tuned, self._tuned_key)}
+
+    def _undo(self, record: dict[str, Any], n_classes: int) -> None:
+        super()._undo(record, n_classes)
+        self.memory.rollback(record["memory"])
+        self._tuned, self._tuned_key = record["tuned"]
+
+    def _undo_done(self, record: dict[str, Any]) -> None:
+        self.memory.commit()
+
     def _state(self) -> dict[str, Any]:
         return {**super()._state(), "memory": self.memory.state()}
 

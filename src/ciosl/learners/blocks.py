@@ -1,0 +1,197 @@
+"""Exact class means taken in blocks: the shared statistics of NCM and Deep SLDA.
+
+Samples wait in a buffer of ``block`` rows; a full buffer is folded into per-class means and
+counts at once (``_commit``: one ``index_add`` over the classes present, and for SLDA one
+float64 GEMM for the scatter). The class means merge exactly (Chan et al.):
+mu_k += (nu_k - mu_k) m_k / (n_k + m_k) for the m_k samples of class k in the block, mean nu_k.
+Answers account for the waiting rows without committing them (``means`` / ``counts`` are the
+statistics of every sample learned), so a prediction equals the sample-by-sample rule at every
+moment, and the committed statistics depend on the samples only, not on when the learner was
+asked, saved or loaded. The state holds the committed statistics and the waiting rows.
+
+Growth and rollback: the class-indexed arrays grow by capacity doubling (``undo.Rows``), and a
+failed call is undone from a journal that ``_commit`` fills before it overwrites anything (the
+waiting rows and the rows of the classes in the block; SLDA adds its scatter): a call that
+commits nothing saves nothing but two counts.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from ciosl.learners.base import Learner
+from ciosl.learners.undo import Rows
+
+
+class BlockMeans(Learner):
+    """A learner whose statistics are exact per-class means, updated in blocks."""
+
+    block: ClassVar[int] = 256  # samples buffered before one update of the statistics
+
+    # ------------------------------------------------------------------ state
+    def _init_state(self, dim: int) -> None:
+        self._mu = Rows((dim,), torch.float64)  # (K, d) committed class means
+        self._n = Rows((), torch.int64)  # (K,) committed samples per class
+        self.pending_z = torch.zeros(self.block, dim)  # (block, d) raw samples waiting
+        self.pending_y = torch.zeros(self.block, dtype=torch.int64)  # (block,)
+        self.n_pending = 0
+        self._journal: dict[str, Any] | None = None
+        self._changed(cov=True)
+
+    @property
+    def _pending_np(self) -> tuple[np.ndarray, np.ndarray]:
+        """Zero-copy numpy views of the waiting rows (a numpy row write costs far less than a
+        torch one on a one-sample step)."""
+        views = getattr(self, "_views", None)
+        if views is None or views[0] is not self.pending_z:
+            views = self.pending_z, self.pending_z.numpy(), self.pending_y.numpy()
+            self._views = views
+        return views[1], views[2]
+
+    def _changed(self, cov: bool) -> None:
+        """The statistics changed (``cov``: more than the class list): drop cached answers."""
+        self._totals_cache: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def _add_class(self) -> None:
+        self._mu.grow()
+        self._n.grow()
+        self._changed(cov=False)
+
+    def _block_state(self) -> dict[str, Any]:
+        p = self.n_pending
+        return {"mu": self._mu.view.clone(), "counts": self._n.view.clone(),
+                "pending_z": self.pending_z[:p].clone(), "pending_y": self.pending_y[:p].clone()}
+
+    def _load_block_state(self, state: dict[str, Any]) -> None:
+        """A state of this version, or one saved before blocks (no waiting rows)."""
+        mu, counts = state["mu"], state["counts"]
+        K = len(mu)  # one row per class: the loader's probe checks it against classes_
+        if mu.shape != (K, self.dim_) or counts.shape != (K,):
+            raise ValueError(f"means {tuple(mu.shape)} and counts {tuple(counts.shape)} do not "
+                             f"match the width {self.dim_}")
+        pz = state.get("pending_z", torch.zeros(0, self.dim_))
+        py = state.get("pending_y", torch.zeros(0, dtype=torch.int64))
+        p = len(py)
+        if p >= self.block or pz.shape != (p, self.dim_) or (
+                p and not 0 <= int(py.min()) <= int(py.max()) < K):
+            raise ValueError(f"{p} waiting samples, or their classes, out of range")
+        self._mu.set(mu.double())
+        self._n.set(counts.long())
+        self.pending_z[:p], self.pending_y[:p], self.n_pending = pz, py, p
+        self._changed(cov=True)
+
+    # ------------------------------------------------------------------ learning
+    def _learn_one(self, z: np.ndarray, yi: int) -> None:
+        p = self.n_pending
+        pz, py = self._pending_np
+        pz[p], py[p] = z, yi
+        self.n_pending = p + 1
+        if self.n_pending == self.block:
+            self._commit(self.pending_z, self.pending_y)
+            self.n_pending = 0
+        self._changed(cov=True)
+
+    def _append(self, Z: np.ndarray, yi: np.ndarray) -> None:
+        """Buffer the samples in order; commit every full buffer."""
+        Z, y = torch.from_numpy(Z), torch.from_numpy(np.asarray(yi, dtype=np.int64))
+        i = 0
+        while i < len(y):
+            k = min(self.block - self.n_pending, len(y) - i)
+            self.pending_z[self.n_pending:self.n_pending + k] = Z[i:i + k]
+            self.pending_y[self.n_pending:self.n_pending + k] = y[i:i + k]
+            i += k
+            if self.n_pending + k == self.block:
+                self._commit(self.pending_z, self.pending_y)
+                self.n_pending = 0
+            else:
+                self.n_pending += k
+        self._changed(cov=True)
+
+    _learn_batch = _append
+
+    @staticmethod
+    def _group(Z: torch.Tensor, y: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Rows Z (b, d) as float64, the classes present u (u,), each row's position in u (b,),
+        the rows per class m (u,) and their means nu (u, d)."""
+        u, inv = torch.unique(y, return_inverse=True)
+        Z64 = Z.double()
+        m = torch.bincount(inv, minlength=len(u))
+        nu = torch.zeros(len(u), Z.shape[1], dtype=torch.float64).index_add_(0, inv, Z64)
+        return Z64, u, inv, m, nu / m[:, None]
+
+    @staticmethod
+    def _merge(mu: torch.Tensor, n: torch.Tensor, u: torch.Tensor, m: torch.Tensor,
+               nu: torch.Tensor) -> None:
+        """Exact means: rows u of mu (K, d) and n (K,) take m samples of means nu, in place."""
+        n0 = n[u]
+        mu[u] = mu[u] + (nu - mu[u]) * (m.double() / (n0 + m).double())[:, None]
+        n[u] = n0 + m
+
+    def _commit(self, Z: torch.Tensor, y: torch.Tensor) -> None:
+        """Fold rows Z (b, d) of classes y (b,) into the committed statistics."""
+        Z64, u, inv, m, nu = self._group(Z, y)
+        self._save_before_commit(u)
+        self._fold(Z64, u, inv, m, nu, self._mu.view, self._n.view)
+        self._merge(self._mu.view, self._n.view, u, m, nu)
+
+    def _fold(self, Z64, u, inv, m, nu, mu, n) -> None:
+        """What a block adds besides the means (SLDA: the scatter), before the means move."""
+
+    def _totals(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Means (K, d) and counts (K,) of every sample learned, waiting rows included."""
+        if self.n_pending == 0:
+            return self._mu.view, self._n.view
+        if self._totals_cache is None:
+            mu, n = self._mu.view.clone(), self._n.view.clone()
+            p = self.n_pending
+            _, u, _, m, nu = self._group(self.pending_z[:p], self.pending_y[:p])
+            self._merge(mu, n, u, m, nu)
+            self._totals_cache = mu, n
+        return self._totals_cache
+
+    @property
+    def mu(self) -> torch.Tensor:
+        """Class means of every sample learned, (K, d) float64."""
+        return self._totals()[0]
+
+    @property
+    def counts(self) -> torch.Tensor:
+        """Samples learned per class, (K,) int64."""
+        return self._totals()[1]
+
+    # ------------------------------------------------------------------ all-or-nothing
+    def _undo_record(self, yi: np.ndarray) -> dict[str, Any]:
+        """Two counts; ``_commit`` adds what it is about to overwrite."""
+        self._journal = {"n_pending": self.n_pending, "rows": []}
+        return self._journal
+
+    def _save_before_commit(self, u: torch.Tensor) -> None:
+        j = self._journal
+        if j is None:
+            return
+        if "pending" not in j:  # the first commit of the call: the rows that waited before
+            j["pending"] = self.pending_z.clone(), self.pending_y.clone()
+            self._save_first_commit(j)
+        j["rows"].append((u, self._mu.view[u].clone(), self._n.view[u].clone()))
+
+    def _save_first_commit(self, journal: dict[str, Any]) -> None:
+        """Add to ``journal`` what a commit overwrites besides the means (SLDA: the scatter)."""
+
+    def _undo(self, record: dict[str, Any], n_classes: int) -> None:
+        for u, mu, n in reversed(record["rows"]):
+            self._mu.buf[u], self._n.buf[u] = mu, n
+        self._mu.truncate(n_classes)
+        self._n.truncate(n_classes)
+        if "pending" in record:
+            self.pending_z.copy_(record["pending"][0])
+            self.pending_y.copy_(record["pending"][1])
+        self.n_pending = record["n_pending"]
+        self._journal = None
+        self._changed(cov=True)
+
+    def _undo_done(self, record: dict[str, Any]) -> None:
+        self._journal = None

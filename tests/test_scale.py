@@ -1,0 +1,238 @@
+"""Issue 34: a new class costs the same whatever was learned, and NCM / SLDA learn in exact
+blocks. Work is counted (copies of the state, elements cloned), never timed."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from ciosl.conformance import class_stream, fitted
+from ciosl.learners import available_methods, make_learner
+from ciosl.learners.base import Learner, digest
+from ciosl.learners.ncm import NCM
+from ciosl.learners.slda import SLDA
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """Counts of deepcopy calls, state_dict calls and tensor elements cloned."""
+    n = {"deepcopy": 0, "state_dict": 0, "cloned": 0}
+    deepcopy, state_dict, clone = copy.deepcopy, Learner.state_dict, torch.Tensor.clone
+
+    def counting_deepcopy(*a, **k):
+        n["deepcopy"] += 1
+        return deepcopy(*a, **k)
+
+    def counting_state_dict(self, *a, **k):
+        n["state_dict"] += 1
+        return state_dict(self, *a, **k)
+
+    def counting_clone(self, *a, **k):
+        n["cloned"] += self.numel()
+        return clone(self, *a, **k)
+
+    monkeypatch.setattr(copy, "deepcopy", counting_deepcopy)
+    monkeypatch.setattr(Learner, "state_dict", counting_state_dict)
+    monkeypatch.setattr(torch.Tensor, "clone", counting_clone)
+
+    def reset() -> dict:
+        out = dict(n)
+        n.update(deepcopy=0, state_dict=0, cloned=0)
+        return out
+
+    return reset
+
+
+@pytest.mark.parametrize("method", sorted(available_methods()))
+def test_a_new_class_copies_no_state(method, counted):
+    """learn_one with a new label, and learn_many, never copy the whole state (no deepcopy,
+    no state_dict) for any learner: the rollback is the learner's own undo record."""
+    cls = available_methods()[method]
+    if not cls._has_undo():
+        pytest.skip("no undo record (a learner of the user's own)")
+    learner = fitted(cls, {})
+    Z = np.random.default_rng(0).normal(size=(3, learner.dim_)).astype(np.float32)
+    counted()
+    learner.learn_one(Z[0], 999)
+    learner.learn_many(Z[1:], [999, 1000])
+    n = counted()
+    assert n["deepcopy"] == 0 and n["state_dict"] == 0, n
+
+
+def _grown(method: str, n_classes: int, **settings) -> Learner:
+    rng = np.random.default_rng(1)
+    learner = make_learner(method, **settings)
+    Z = rng.normal(size=(n_classes, 8)).astype(np.float32)
+    learner.fit_base(Z[:2], [0, 1])
+    for k in range(2, n_classes):
+        learner.learn_one(Z[k], k)
+    return learner
+
+
+@pytest.mark.parametrize("method", ["ncm", "slda", "rp_lda"])
+def test_new_class_cost_does_not_grow_with_classes(method, counted):
+    """A new class clones nothing in NCM, SLDA and RP-LDA, with 20 classes or 600: its
+    rollback is a truncation (arrays grown by capacity doubling)."""
+    settings = {"proj_dim": 16} if method == "rp_lda" else {}
+    z = np.ones(8, np.float32)
+    for K in (20, 600):
+        learner = _grown(method, K, **settings)
+        if learner.n_pending in (0, learner.block - 1):  # keep the block from filling
+            learner.learn_one(z, 0)
+        counted()
+        learner.learn_one(z, K + 5)
+        n = counted()
+        assert n == {"deepcopy": 0, "state_dict": 0, "cloned": 0}, (K, n)
+
+
+@pytest.mark.parametrize("method", ["tinyer", "ciosl", "agem", "gdumb"])
+def test_new_class_record_does_not_copy_the_memory(method, counted):
+    """The undo record of a memory-based learner copies its head (the step moves every
+    parameter), never its replay memory: the elements cloned for a new class are the same
+    with a memory of 20 samples or of 400."""
+    cloned = []
+    for buffer in (20, 400):
+        learner = _grown(method, 6, buffer=buffer)
+        Z = np.random.default_rng(2).normal(size=(500, 8)).astype(np.float32)
+        learner.learn_many(Z, np.arange(500) % 6)  # fills the larger memory
+        assert learner.memory_size() == min(buffer, 506)
+        counted()
+        learner.learn_one(Z[0], 77)
+        cloned.append(counted()["cloned"])
+    assert cloned[0] == cloned[1], cloned
+
+
+# ---------------------------------------------------------------------------- exact blocks
+def _reference(Z: np.ndarray, y: np.ndarray, K: int):
+    """Sample-by-sample Welford means, counts and pooled scatter (float64)."""
+    d = Z.shape[1]
+    mu, n, S = np.zeros((K, d)), np.zeros(K), np.zeros((d, d))
+    for z, k in zip(Z.astype(np.float64), y, strict=True):
+        diff = z - mu[k]
+        S += n[k] / (n[k] + 1) * np.outer(diff, diff)
+        mu[k] += diff / (n[k] + 1)
+        n[k] += 1
+    return mu, n, S
+
+
+def _lda_proba(Zt, mu, S, t, eps):
+    A = (1 - eps) * S / max(t, 1) + eps * np.eye(len(S))
+    W = mu @ np.linalg.pinv(A, hermitian=True)
+    s = Zt.astype(np.float64) @ W.T - 0.5 * (W * mu).sum(1)
+    s -= s.max(1, keepdims=True)
+    return np.exp(s) / np.exp(s).sum(1, keepdims=True)
+
+
+class SmallBlockSLDA(SLDA):
+    name = ""  # not registered
+    block = 7
+
+
+class SmallBlockNCM(NCM):
+    name = ""
+    block = 5
+
+
+def test_slda_and_ncm_blocks_equal_the_sample_by_sample_rule_at_every_moment():
+    rng = np.random.default_rng(3)
+    K, d = 4, 6
+    centres = rng.normal(0, 4, (K, d))
+    y = rng.integers(0, K, 60)
+    Z = (centres[y] + rng.normal(size=(60, d))).astype(np.float32)
+    Zt = rng.normal(0, 4, (10, d)).astype(np.float32)
+    slda, ncm = SmallBlockSLDA(), SmallBlockNCM()
+    for i in range(len(y)):
+        slda.learn_one(Z[i], int(y[i]))
+        ncm.learn_one(Z[i], int(y[i]))
+        seen = sorted(set(y[:i + 1].tolist()), key=y[:i + 1].tolist().index)  # classes_ order
+        mu, n, S = _reference(Z[:i + 1], y[:i + 1], K)
+        mu = mu[seen]
+        np.testing.assert_allclose(slda.mu.numpy(), mu, rtol=1e-10, atol=1e-10)
+        np.testing.assert_allclose(ncm.mu.numpy(), mu, rtol=1e-10, atol=1e-10)
+        assert slda.counts.tolist() == n[seen].astype(int).tolist()
+        np.testing.assert_allclose(slda.scatter.numpy(), S, rtol=1e-9, atol=1e-9)
+        np.testing.assert_allclose(slda.predict_proba(Zt), _lda_proba(Zt, mu, S, i + 1, 1e-4),
+                                   rtol=1e-6, atol=1e-9)
+        logits = 2 * Zt.astype(np.float64) @ mu.T - (mu ** 2).sum(1)
+        P = np.exp(logits - logits.max(1, keepdims=True))
+        np.testing.assert_allclose(ncm.predict_proba(Zt), P / P.sum(1, keepdims=True),
+                                   rtol=1e-6, atol=1e-9)
+    assert slda.n_cov == 56 and slda.n_pending == 4  # eight blocks committed, four waiting
+
+
+@pytest.mark.parametrize("cls", [SmallBlockSLDA, SmallBlockNCM, SLDA, NCM])
+def test_save_and_load_in_the_middle_of_a_block(cls, tmp_path):
+    """A learner saved with rows waiting answers and continues bit for bit."""
+    Zb, yb, Zs, ys = class_stream()
+    learner = cls().fit_base(Zb, yb.tolist())
+    for z, k in zip(Zs[:13], ys[:13], strict=True):
+        learner.learn_one(z, int(k))
+    assert 0 < learner.n_pending < learner.block
+    twin = cls().load_state_dict(learner.state_dict())
+    np.testing.assert_array_equal(twin.predict_proba(Zs), learner.predict_proba(Zs))
+    for a in (learner, twin):
+        for z, k in zip(Zs[13:], ys[13:], strict=True):
+            a.learn_one(z, int(k))
+    assert digest(twin.state_dict()) == digest(learner.state_dict())
+    np.testing.assert_array_equal(twin.predict_proba(Zs), learner.predict_proba(Zs))
+
+
+def test_blocked_slda_matches_sklearn_lda():
+    """Many committed blocks (block 7) and rows waiting: the same as scikit-learn's LDA."""
+    from sklearn.discriminant_analysis import LinearDiscriminantAnalysis
+
+    rng = np.random.default_rng(4)
+    K, d, n = 3, 5, 201  # balanced: sklearn's prior-weighted covariance is then the pooled one
+    y = rng.permutation(np.repeat(np.arange(K), n // K))
+    Z = (rng.normal(0, 3, (K, d))[y] + rng.normal(size=(n, d))).astype(np.float32)
+    learner = SmallBlockSLDA(shrinkage=0.0)
+    learner.fit_base(Z[:30], y[:30].tolist())
+    for z, k in zip(Z[30:], y[30:], strict=True):
+        learner.learn_one(z, int(k))
+    assert learner.n_pending  # some rows still wait
+    lda = LinearDiscriminantAnalysis(solver="lsqr", priors=np.ones(K) / K).fit(Z, y)
+    order = np.argsort(learner.classes_)
+    np.testing.assert_allclose(learner.mu.numpy()[order], lda.means_, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(learner.covariance.numpy(), lda.covariance_, rtol=1e-5,
+                               atol=1e-6)
+    np.testing.assert_allclose(learner.predict_proba(Z)[:, order], lda.predict_proba(Z),
+                               rtol=1e-4, atol=1e-6)
+
+
+def test_old_saved_ncm_and_slda_states_still_load():
+    """States written before blocks (no waiting rows) load and answer as before."""
+    rng = np.random.default_rng(5)
+    Z = rng.normal(size=(20, 4)).astype(np.float32)
+    y = [0, 1] * 10
+    for method in ("ncm", "slda"):
+        learner = make_learner(method)
+        learner.fit_base(Z, y)
+        assert learner.n_pending == (20 if method == "ncm" else 0)  # SLDA commits a base set
+        sd = learner.state_dict()  # as written before blocks: every sample in the statistics
+        for key in ("pending_z", "pending_y"):
+            del sd["state"][key]
+        sd["state"]["mu"], sd["state"]["counts"] = learner.mu.clone(), learner.counts.clone()
+        if method == "slda":
+            sd["state"]["scatter"], sd["state"]["n_cov"] = learner.scatter.clone(), 20
+        old = make_learner(method).load_state_dict(sd)
+        np.testing.assert_array_equal(old.predict_proba(Z), learner.predict_proba(Z))
+
+
+def test_evaluation_predicts_in_bounded_chunks(monkeypatch):
+    """The run loop's checked_predict asks for at most PREDICT_CELLS probabilities at once
+    (many classes times many test rows would not fit), with the same answers."""
+    import ciosl.conformance as conformance
+
+    Zb, yb, Zs, ys = class_stream()
+    learner = NCM().fit_base(Zb, yb.tolist())
+    whole = conformance.checked_predict(learner, Zs)
+    calls = []
+    predict_proba = learner.predict_proba
+    monkeypatch.setattr(learner, "predict_proba", lambda Z: calls.append(len(Z)) or
+                        predict_proba(Z))
+    monkeypatch.setattr(conformance, "PREDICT_CELLS", 7 * len(learner.classes_))
+    np.testing.assert_array_equal(conformance.checked_predict(learner, Zs), whole)
+    assert calls == [7] * (len(Zs) // 7) + ([len(Zs) % 7] if len(Zs) % 7 else [])
