@@ -124,10 +124,10 @@ def test_a_batch_of_one_is_a_streaming_step(method, fs):
 def test_mini_batch_updates_exist_where_the_regime_comparison_needs_them():
     methods = available_methods()
     for name in ("finetune", "tinyer", "exstream", "remind", "agem", "ciosl", "vcl",
-                 "vcl_coreset", "coreset_only"):
-        assert methods[name]._has_batch_update(), name
-    for name in ("ncm", "slda", "ewc", "mas"):  # sample by sample (ewc/mas: per-sample
-        assert not methods[name]._has_batch_update(), name  # importance, own _learn_one)
+                 "vcl_coreset", "coreset_only", "ncm", "slda", "rp_lda"):  # (closed forms:
+        assert methods[name]._has_batch_update(), name  # exact blocks)
+    for name in ("ewc", "mas"):  # sample by sample (per-sample importance, own _learn_one)
+        assert not methods[name]._has_batch_update(), name
 
 
 def test_finetune_mini_batch_step_is_sgd_on_the_batch_mean(fs):
