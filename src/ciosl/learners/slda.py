@@ -17,6 +17,18 @@ W z + b with W = mu Lambda (one row per class) and b = -0.5 diag(mu Lambda mu^T)
 ``predict_proba`` = softmax(scores). Lambda is recomputed lazily, only when predicting after
 the covariance changed; W, b after any update.
 
+``shrinkage_estimator="oas"`` chooses the shrinkage from the stream instead: the Oracle
+Approximating Shrinkage of Chen et al. (2010) on the pooled within-class covariance,
+Sigma_s = (1 - a) Sigma + a (tr Sigma / d) I, with a computed from tr Sigma, ||Sigma||_F^2 and
+the sample count t (``oas_shrinkage``: scikit-learn's ``OAS(assume_centered=True)`` on the
+deviations z_i - mu_{y_i}). Those are functions of the running statistics, so no sample is
+stored or revisited; the coefficient in use is ``shrinkage_``. Ledoit-Wolf, which
+scikit-learn's ``LinearDiscriminantAnalysis(shrinkage="auto")`` uses, is not offered: its
+coefficient needs sum_i ||z_i - mu_{y_i}||^4 about the *current* class means, which moves with
+every mean update and is exact only from per-class (d, d) second moments. scikit-learn's
+"auto" also standardizes each class and shrinks each class's covariance separately; here one
+pooled covariance is shrunk towards a multiple of I.
+
 ``streaming_update=False`` is the paper's frozen variant: Sigma is estimated by ``fit_base``
 only and the stream updates the means alone (with no base init, Sigma stays 0 and SLDA reduces
 to nearest class mean under the shrinkage metric eps I).
@@ -32,6 +44,36 @@ import torch
 from ciosl.learners.base import Learner, register
 from ciosl.learners.ncm import merge_means
 
+SHRINKAGE_ESTIMATORS = ("fixed", "oas")
+
+
+def oas_shrinkage(trace: float, frob2: float, n: int, d: int) -> float:
+    """OAS coefficient a of the covariance Sigma = S / n from tr S, ||S||_F^2, the sample
+    count n and the width d: scikit-learn's ``OAS(assume_centered=True)`` formula, term for
+    term (a = 0 at d = 1, 1 when its denominator vanishes)."""
+    if d == 1:
+        return 0.0
+    alpha = frob2 / (n * n * d * d)  # mean(Sigma ** 2)
+    mu2 = (trace / (n * d)) ** 2  # (tr Sigma / d) ** 2
+    den = (n + 1) * (alpha - mu2 / d)
+    return 1.0 if den == 0 else min((alpha + mu2) / den, 1.0)
+
+
+def shrunk_terms(trace: float, frob2: float, n: int, d: int, eps: float,
+                 estimator: str) -> tuple[float, float, float]:
+    """(a, r, chosen): a S + r I is the shrunk covariance of Sigma = S / n, S the (d, d)
+    within-class scatter of n samples given by its trace and squared Frobenius norm, and
+    ``chosen`` the shrinkage coefficient used. "fixed": (1 - eps) Sigma + eps I. "oas":
+    (1 - c) Sigma + c (tr Sigma / d) I, c = ``oas_shrinkage``; I (nearest class mean) while
+    tr S = 0 (no spread seen yet)."""
+    n = max(n, 1)
+    if estimator == "fixed":
+        return (1 - eps) / n, eps, eps
+    if trace <= 0:
+        return 0.0, 1.0, 1.0
+    c = oas_shrinkage(trace, frob2, n, d)
+    return (1 - c) / n, c * trace / (n * d), c
+
 
 @register
 class SLDA(Learner):
@@ -40,14 +82,21 @@ class SLDA(Learner):
     regime_note = ("running class means and covariance: several epochs count the same samples several times")
     description = "Deep streaming LDA: class means + one shared streaming covariance"
     help = {
-        "shrinkage": "eps in Lambda = ((1 - eps) Sigma + eps I)^-1",
+        "shrinkage": "eps in Lambda = ((1 - eps) Sigma + eps I)^-1 (shrinkage_estimator=fixed)",
+        "shrinkage_estimator": "fixed: eps = shrinkage; oas: chosen from the running statistics"
+                               " (Oracle Approximating Shrinkage towards tr(Sigma)/d I)",
         "streaming_update": "update the covariance on the stream (False: frozen after fit_base)",
         "seed": "unused (SLDA is deterministic); kept for the common protocol",
     }
-    conformance_settings: ClassVar[list[dict]] = [{"streaming_update": False}]
+    choices: ClassVar[dict[str, tuple]] = {"shrinkage_estimator": SHRINKAGE_ESTIMATORS}
+    added_settings: ClassVar[dict[str, Any]] = {"shrinkage_estimator": "fixed"}
+    conformance_settings: ClassVar[list[dict]] = [{"streaming_update": False},
+                                                  {"shrinkage_estimator": "oas"}]
 
-    def __init__(self, *, shrinkage: float = 1e-4, streaming_update: bool = True, seed: int = 0):
+    def __init__(self, *, shrinkage: float = 1e-4, shrinkage_estimator: str = "fixed",
+                 streaming_update: bool = True, seed: int = 0):
         self.shrinkage = shrinkage
+        self.shrinkage_estimator = shrinkage_estimator
         self.streaming_update = streaming_update
         super().__init__(seed=seed)
 
@@ -67,6 +116,12 @@ class SLDA(Learner):
     def covariance(self) -> torch.Tensor:
         """Sigma = S / t, (d, d) float64."""
         return self.scatter / max(self.n_cov, 1)
+
+    @property
+    def shrinkage_(self) -> float:
+        """The shrinkage coefficient of the current prediction rule (``shrinkage`` if fixed)."""
+        self._weights()
+        return self._shrinkage
 
     def _add_class(self) -> None:
         self.mu = torch.cat([self.mu, self.mu.new_zeros(1, self.mu.shape[1])])
@@ -99,8 +154,11 @@ class SLDA(Learner):
 
     def _weights(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self._Lambda is None:
-            eps = self.shrinkage
-            A = (1 - eps) * self.covariance + eps * torch.eye(len(self.scatter), dtype=torch.float64)
+            S, d = self.scatter, len(self.scatter)
+            a, r, self._shrinkage = shrunk_terms(float(S.trace()), float(S.square().sum()),
+                                                 self.n_cov, d, self.shrinkage,
+                                                 self.shrinkage_estimator)
+            A = a * S + r * torch.eye(d, dtype=torch.float64)  # the shrunk covariance
             self._Lambda = torch.linalg.pinv(A, hermitian=True)  # (d, d)
         if self._Wb is None:
             W = self.mu @ self._Lambda  # (K, d); Lambda is symmetric
