@@ -85,11 +85,13 @@ def test_oas_shrinks_less_as_samples_accumulate():
     assert seen[0] > seen[1] > seen[2]
 
 
-def test_fixed_is_the_default_and_reports_its_eps():
-    learner = make_learner("slda", shrinkage=0.25)
-    assert learner.shrinkage_estimator == "fixed"
+def test_fixed_reports_its_eps_and_an_ignored_eps_is_refused():
+    learner = make_learner("slda", shrinkage=0.25, shrinkage_estimator="fixed")
     learner.learn_one(np.ones(3), 0)
     assert learner.shrinkage_ == 0.25
+    assert make_learner("slda").shrinkage_estimator == "oas"  # the default (issue 38's study)
+    with pytest.raises(ValueError, match="shrinkage=0.25 is used only with shrinkage_estimator"):
+        make_learner("slda", shrinkage=0.25)
 
 
 def test_oas_without_spread_is_nearest_class_mean():

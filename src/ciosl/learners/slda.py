@@ -17,7 +17,8 @@ W z + b with W = mu Lambda (one row per class) and b = -0.5 diag(mu Lambda mu^T)
 ``predict_proba`` = softmax(scores). Lambda is recomputed lazily, only when predicting after
 the covariance changed; W, b after any update.
 
-``shrinkage_estimator="oas"`` chooses the shrinkage from the stream instead: the Oracle
+``shrinkage_estimator="oas"`` (the default since issue 38's study on the development streams,
+docs/findings.md) chooses the shrinkage from the stream instead of ``shrinkage``: the Oracle
 Approximating Shrinkage of Chen et al. (2010) on the pooled within-class covariance,
 Sigma_s = (1 - a) Sigma + a (tr Sigma / d) I, with a computed from tr Sigma, ||Sigma||_F^2 and
 the sample count t (``oas_shrinkage``: scikit-learn's ``OAS(assume_centered=True)`` on the
@@ -36,6 +37,7 @@ to nearest class mean under the shrinkage metric eps I).
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, ClassVar
 
 import numpy as np
@@ -57,6 +59,16 @@ def oas_shrinkage(trace: float, frob2: float, n: int, d: int) -> float:
     mu2 = (trace / (n * d)) ** 2  # (tr Sigma / d) ** 2
     den = (n + 1) * (alpha - mu2 / d)
     return 1.0 if den == 0 else min((alpha + mu2) / den, 1.0)
+
+
+def check_shrinkage(learner) -> None:
+    """Refuse a ``shrinkage`` that would be ignored: one set away from its default while
+    ``shrinkage_estimator`` chooses it."""
+    default = inspect.signature(type(learner).__init__).parameters["shrinkage"].default
+    if learner.shrinkage_estimator != "fixed" and learner.shrinkage != default:
+        raise ValueError(f"{learner.name}: shrinkage={learner.shrinkage} is used only with "
+                         f"shrinkage_estimator=fixed (now {learner.shrinkage_estimator!r}, "
+                         "which chooses the shrinkage itself)")
 
 
 def shrunk_terms(trace: float, frob2: float, n: int, d: int, eps: float,
@@ -93,7 +105,7 @@ class SLDA(Learner):
     conformance_settings: ClassVar[list[dict]] = [{"streaming_update": False},
                                                   {"shrinkage_estimator": "oas"}]
 
-    def __init__(self, *, shrinkage: float = 1e-4, shrinkage_estimator: str = "fixed",
+    def __init__(self, *, shrinkage: float = 1e-4, shrinkage_estimator: str = "oas",
                  streaming_update: bool = True, seed: int = 0):
         self.shrinkage = shrinkage
         self.shrinkage_estimator = shrinkage_estimator
@@ -111,6 +123,10 @@ class SLDA(Learner):
         self._Wb: tuple[torch.Tensor, torch.Tensor] | None = None
         if cov:
             self._Lambda: torch.Tensor | None = None
+
+    def _check_settings(self) -> None:
+        super()._check_settings()
+        check_shrinkage(self)
 
     @property
     def covariance(self) -> torch.Tensor:
