@@ -106,3 +106,12 @@ def test_oas_without_spread_is_nearest_class_mean():
 def test_unknown_estimator_is_refused(method):
     with pytest.raises(ValueError, match="shrinkage_estimator='ledoit_wolf' is not valid"):
         make_learner(method, shrinkage_estimator="ledoit_wolf")
+
+
+@pytest.mark.parametrize("method", ["slda", "rp_lda"])
+def test_oas_is_the_default_and_the_ends_of_a_fixed_eps_are_accepted(method):
+    assert make_learner(method).shrinkage_estimator == "oas"
+    for eps in (0.0, 1.0):
+        assert make_learner(method, shrinkage=eps, shrinkage_estimator="fixed").shrinkage == eps
+    with pytest.raises(ValueError, match="used only with shrinkage_estimator=fixed"):
+        make_learner(method, shrinkage=0.0)

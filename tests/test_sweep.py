@@ -457,3 +457,19 @@ def test_a_setting_added_later_keeps_the_runs_made_at_its_old_value(local_sweep,
         saved = json.loads(run_file(grid.out, info.cell, 0).read_text())["fingerprint"]
         assert (saved in (info.fingerprint, info.legacy_fingerprint)) == (
             reused or info.cell.method == "ncm")
+
+
+def test_a_result_written_before_a_setting_existed_is_the_same_experiment(tmp_path):
+    """check_overwrite reads a setting a result lacks at the method's added_settings value:
+    slda results from before shrinkage_estimator are "fixed" ones, not another experiment."""
+    from ciosl.evaluation.experiment import check_overwrite
+
+    old = {"dataset": "digits", "ordering": "iid", "method": "slda",
+           "settings": {"shrinkage": 1e-4, "streaming_update": True}}
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(old))
+    fixed = {**old, "settings": {**old["settings"], "shrinkage_estimator": "fixed"}}
+    check_overwrite(path, fixed)
+    with pytest.raises(ValueError, match='shrinkage_estimator: "fixed" there, "oas" here'):
+        check_overwrite(path, {**old, "settings": {**old["settings"],
+                                                   "shrinkage_estimator": "oas"}})

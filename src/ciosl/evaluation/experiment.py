@@ -59,7 +59,7 @@ from ciosl.fileio import (
     load_json,
     read_bytes,
 )
-from ciosl.learners.base import Learner, get_method, parse_value
+from ciosl.learners.base import Learner, available_methods, get_method, parse_value
 
 
 @dataclass
@@ -530,7 +530,11 @@ def identity_of(result: dict) -> dict:
                             if name in ("online", "batch") else {}),
                          **({"epochs": regime.get("epochs")} if name == "batch" else {})}
     if isinstance(out.get("settings"), dict):
-        out["settings"] = {k: v for k, v in out["settings"].items() if k != "seed"}
+        # a setting added after the result was written: it ran at the recorded old value
+        cls = available_methods().get(result.get("method")) if isinstance(
+            result.get("method"), str) else None
+        added = dict(getattr(cls, "added_settings", {}))
+        out["settings"] = {k: v for k, v in {**added, **out["settings"]}.items() if k != "seed"}
     return json.loads(json.dumps(out, default=str))
 
 

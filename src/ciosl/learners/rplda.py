@@ -6,7 +6,9 @@ the learner's ``seed`` with entries N(0, 1/d), so that h has the scale of z; a l
 is a nonlinear rule on z. On h the learner is the streaming LDA of ``slda.py``: class means
 mu_k, the pooled within-class covariance Sigma = S / t, scores W h + b with
 W = mu Lambda, b = -0.5 diag(mu Lambda mu^T), Lambda = ((1 - eps) Sigma + eps I)^-1,
-eps = ``shrinkage``, ``predict_proba`` = softmax(scores).
+eps = ``shrinkage``, ``predict_proba`` = softmax(scores); with ``shrinkage_estimator="oas"``
+(the default since issue 38's study) the shrinkage is chosen from the running statistics
+instead, Sigma_s = (1 - a) Sigma + a (tr Sigma / D) I, as in ``slda.py``.
 
 Exact and fast. A rank-1 update of a (D, D) float64 scatter per sample (134 MB read and
 written at D = 4096) is replaced by sufficient statistics taken in blocks: the raw samples
@@ -41,7 +43,7 @@ import numpy as np
 import torch
 
 from ciosl.learners.base import Learner, register
-from ciosl.learners.slda import SHRINKAGE_ESTIMATORS, shrunk_terms
+from ciosl.learners.slda import SHRINKAGE_ESTIMATORS, check_shrinkage, shrunk_terms
 
 MAX_PROJ_DIM = 65536  # a (D, D) float64 second moment: 34 GB at the bound
 TILE = 512  # column tiles of the lower block-triangular GEMM
@@ -99,7 +101,7 @@ class RPLDA(Learner):
     block: ClassVar[int] = 256  # samples buffered before one GEMM update of the statistics
 
     def __init__(self, *, proj_dim: int = 4096, shrinkage: float = 1e-4,
-                 shrinkage_estimator: str = "fixed", seed: int = 0):
+                 shrinkage_estimator: str = "oas", seed: int = 0):
         self.proj_dim = proj_dim
         self.shrinkage = shrinkage
         self.shrinkage_estimator = shrinkage_estimator
@@ -111,7 +113,9 @@ class RPLDA(Learner):
         if type(D) is not int or not 1 <= D <= MAX_PROJ_DIM:  # not bool, not a numpy integer
             raise ValueError(f"{self.name}: proj_dim must be a Python int in [1, {MAX_PROJ_DIM}]"
                              f", got proj_dim={D!r} ({type(D).__name__})")
-        # shrinkage: its range, [0, 1] (Learner.ranges)
+        # shrinkage: its range, [0, 1] (Learner.ranges); refused where oas ignores it
+        if "shrinkage_estimator" in self.get_params():  # not in ranpac, which subclasses this
+            check_shrinkage(self)
 
     # ------------------------------------------------------------------ state
     def _init_state(self, dim: int) -> None:
