@@ -530,11 +530,7 @@ def identity_of(result: dict) -> dict:
                             if name in ("online", "batch") else {}),
                          **({"epochs": regime.get("epochs")} if name == "batch" else {})}
     if isinstance(out.get("settings"), dict):
-        # a setting added after the result was written: it ran at the recorded old value
-        cls = available_methods().get(result.get("method")) if isinstance(
-            result.get("method"), str) else None
-        added = dict(getattr(cls, "added_settings", {}))
-        out["settings"] = {k: v for k, v in {**added, **out["settings"]}.items() if k != "seed"}
+        out["settings"] = {k: v for k, v in out["settings"].items() if k != "seed"}
     return json.loads(json.dumps(out, default=str))
 
 
@@ -547,6 +543,13 @@ def differences(old: dict, new: dict) -> list[str]:
     """``field: OLD there, NEW here`` for each identity field (one level into tables) that
     ``old`` records and ``new`` has otherwise."""
     a, b = identity_of(old), identity_of(new)
+    if isinstance(a.get("settings"), dict) and isinstance(b.get("settings"), dict):
+        # a setting added after ``old`` was written: it ran at the method's recorded old value
+        cls = available_methods().get(a.get("method")) if isinstance(a.get("method"),
+                                                                      str) else None
+        for k, v in getattr(cls, "added_settings", {}).items():
+            if k in b["settings"] and k not in a["settings"]:
+                a["settings"][k] = json.loads(json.dumps(v, default=str))
     out = []
     for key in IDENTITY:
         if key not in a or a[key] == b.get(key):
