@@ -97,7 +97,7 @@ class RPLDA(Learner):
     choices: ClassVar[dict[str, tuple]] = {"shrinkage_estimator": SHRINKAGE_ESTIMATORS}
     added_settings: ClassVar[dict[str, Any]] = {"shrinkage_estimator": "fixed"}
     conformance_settings: ClassVar[list[dict]] = [{"proj_dim": 32},
-                                                  {"proj_dim": 32, "shrinkage_estimator": "oas"}]
+                                                  {"proj_dim": 32, "shrinkage_estimator": "fixed"}]
     block: ClassVar[int] = 256  # samples buffered before one GEMM update of the statistics
 
     def __init__(self, *, proj_dim: int = 4096, shrinkage: float = 1e-4,

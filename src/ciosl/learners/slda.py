@@ -103,7 +103,7 @@ class SLDA(Learner):
     choices: ClassVar[dict[str, tuple]] = {"shrinkage_estimator": SHRINKAGE_ESTIMATORS}
     added_settings: ClassVar[dict[str, Any]] = {"shrinkage_estimator": "fixed"}
     conformance_settings: ClassVar[list[dict]] = [{"streaming_update": False},
-                                                  {"shrinkage_estimator": "oas"}]
+                                                  {"shrinkage_estimator": "fixed"}]
 
     def __init__(self, *, shrinkage: float = 1e-4, shrinkage_estimator: str = "oas",
                  streaming_update: bool = True, seed: int = 0):
