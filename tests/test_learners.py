@@ -57,7 +57,7 @@ def test_slda_matches_numpy_and_sklearn_lda():
     eps = 1e-4
     Z, y = gaussian_data(n_per_class=150, spread=0.2, seed=1)  # overlapping classes
     Zt, yt = gaussian_data(n_per_class=150, spread=0.2, seed=1, test=True)
-    learner = stream(make_learner("slda", shrinkage=eps), Z, y)
+    learner = stream(make_learner("slda", shrinkage=eps, shrinkage_estimator="fixed"), Z, y)
     mu, cov = class_means(learner, Z, y)
     Lam = np.linalg.inv((1 - eps) * cov + eps * np.eye(len(cov)))
     scores = Zt @ (mu @ Lam).T - 0.5 * np.einsum("kd,de,ke->k", mu, Lam, mu)

@@ -98,10 +98,11 @@ def test_a_set_variant_never_overwrites_the_default_result(tmp_path, capsys):
     default = tmp_path / "out" / f"digits_class_iid_slda_{PROTOCOL}.json"
     before = default.read_bytes()
     assert main(run_args(tmp_path, "--runs", "1", "--set", "shrinkage=1e-2",
-                         method="slda")) == 0
+                         "--set", "shrinkage_estimator=fixed", method="slda")) == 0
     assert default.read_bytes() == before
     variant = json.loads((tmp_path / "out" /
-                          f"digits_class_iid_slda_shrinkage-0.01_{PROTOCOL}.json").read_text())
+                          f"digits_class_iid_slda_shrinkage-0.01+shrinkage_estimator-fixed_{PROTOCOL}.json")
+                         .read_text())
     assert variant["settings"]["shrinkage"] == 0.01 and len(variant["runs"]) == 1
 
 

@@ -324,7 +324,8 @@ def test_settings_of_the_wrong_kind_are_refused(method, settings, pattern):
 def test_numpy_scalar_settings_save_and_load(tmp_path):
     import ciosl
 
-    learner = trained("slda", shrinkage=np.float64(0.01), seed=np.int64(3))
+    learner = trained("slda", shrinkage=np.float64(0.01), shrinkage_estimator="fixed",
+                      seed=np.int64(3))
     assert type(learner.shrinkage) is float and type(learner.seed) is int
     loaded = ciosl.Learner.load(learner.save(tmp_path / "l.ciosl"))
     assert loaded.get_params() == learner.get_params()

@@ -125,7 +125,7 @@ def test_number_settings_out_of_their_range_are_refused(method, settings, fragme
     ("finetune", "momentum", 0.99), ("finetune", "weight_decay", 1.0),
     ("finetune", "max_grad_norm", math.inf), ("ewc", "max_penalty_step", math.inf),
     ("ciosl", "mc_samples", 1000), ("ciosl", "lambda2", 1e6), ("ewc", "lam", 1e10), ("exstream", "buffer", 10000),
-    ("remind", "pq_subvectors", 4096), ("slda", "shrinkage", 0.0), ("rp_lda", "proj_dim", 65536),
+    ("remind", "pq_subvectors", 4096), ("rp_lda", "proj_dim", 65536),
 ])
 def test_the_ends_of_each_range_are_accepted(method, setting, value):
     assert make_learner(method, **{setting: value}).get_params()[setting] == value

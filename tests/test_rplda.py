@@ -43,7 +43,7 @@ def rel(a, b):
 def test_streaming_equals_batch_lda(n_per_class, D, eps):
     Z, y = blobs(n_per_class, seed=1)
     Zt, _ = blobs(100, seed=1, test=True)
-    learner = stream(make_learner("rp_lda", proj_dim=D, shrinkage=eps), Z, y)
+    learner = stream(make_learner("rp_lda", proj_dim=D, shrinkage=eps, shrinkage_estimator="fixed"), Z, y)
     assert learner.n_committed == len(y) // 256 * 256
     mu, cov = batch_stats(learner, Z, y)
     assert rel(learner.means, mu) < 1e-10 and rel(learner.covariance, cov) < 1e-10
@@ -83,8 +83,8 @@ def test_exact_at_the_default_width_on_standardised_features():
 def test_block_buffering_equals_rank_one_updates(n_per_class, D, eps):
     Z, y = blobs(n_per_class, seed=4)
     Zt, _ = blobs(50, seed=4, test=True)
-    blocked = stream(make_learner("rp_lda", proj_dim=D, shrinkage=eps), Z, y)
-    single = make_learner("rp_lda", proj_dim=D, shrinkage=eps)
+    blocked = stream(make_learner("rp_lda", proj_dim=D, shrinkage=eps, shrinkage_estimator="fixed"), Z, y)
+    single = make_learner("rp_lda", proj_dim=D, shrinkage=eps, shrinkage_estimator="fixed")
     single.block = 1  # every sample committed at once: a rank-1 update, the D x D solve
     stream(single, Z, y)
     assert single.n_pending == 0 and single.n_committed == len(y)
@@ -193,7 +193,7 @@ def test_weights_cached_until_the_statistics_change(monkeypatch):
 def test_no_shrinkage_uses_the_pseudo_inverse(n_per_class, D):
     Z, y = blobs(n_per_class, seed=12)
     Zt, _ = blobs(50, seed=12, test=True)
-    learner = stream(make_learner("rp_lda", proj_dim=D, shrinkage=0.0), Z, y)
+    learner = stream(make_learner("rp_lda", proj_dim=D, shrinkage=0.0, shrinkage_estimator="fixed"), Z, y)
     mu, cov = batch_stats(learner, Z, y)
     Lam = np.linalg.pinv(cov, hermitian=True, rtol=D * np.finfo(float).eps)
     Ht = learner.transform(Zt)

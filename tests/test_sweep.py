@@ -436,3 +436,40 @@ def test_a_partial_grid_swept_into_a_folder_keeps_the_folder_grid_text(tmp_path)
     second = write_grid_text(tmp_path, "g", part)
     assert first.read_text() == whole and second.read_text() == part and second != first
     assert second.name.startswith("sweep-g-") and second.suffix == ".toml"
+
+
+@pytest.mark.parametrize("default, reused", [("old", True), ("new", False)])
+def test_a_setting_added_later_keeps_the_runs_made_at_its_old_value(local_sweep, monkeypatch,
+                                                                   default, reused):
+    """A new setting (``added_settings``: the value runs saved before it ran at) changes no
+    cell whose value is that one: the sweep and --dry-run reuse its runs; at another value
+    the cell is computed again."""
+    from ciosl.learners.base import Setting
+
+    grid, _ = local_sweep
+    added = [*TinyER.settings(), Setting("new_rule", default, str, "")]
+    monkeypatch.setattr(TinyER, "settings", classmethod(lambda cls: added))
+    monkeypatch.setattr(TinyER, "added_settings", {"new_rule": "old"})
+    monkeypatch.setattr(TinyER, "new_rule", default, raising=False)  # as its constructor would
+    counts = {cell.method: len(done) for cell, done in plan(grid)}
+    assert counts == {"ncm": len(grid.seeds), "tinyer": len(grid.seeds) if reused else 0}
+    for info in prepare(grid):
+        saved = json.loads(run_file(grid.out, info.cell, 0).read_text())["fingerprint"]
+        assert (saved in (info.fingerprint, info.legacy_fingerprint)) == (
+            reused or info.cell.method == "ncm")
+
+
+def test_a_result_written_before_a_setting_existed_is_the_same_experiment(tmp_path):
+    """check_overwrite reads a setting a result lacks at the method's added_settings value:
+    slda results from before shrinkage_estimator are "fixed" ones, not another experiment."""
+    from ciosl.evaluation.experiment import check_overwrite
+
+    old = {"dataset": "digits", "ordering": "iid", "method": "slda",
+           "settings": {"shrinkage": 1e-4, "streaming_update": True}}
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(old))
+    fixed = {**old, "settings": {**old["settings"], "shrinkage_estimator": "fixed"}}
+    check_overwrite(path, fixed)
+    with pytest.raises(ValueError, match='shrinkage_estimator: "fixed" there, "oas" here'):
+        check_overwrite(path, {**old, "settings": {**old["settings"],
+                                                   "shrinkage_estimator": "oas"}})

@@ -63,7 +63,7 @@ from ciosl.fileio import (
     load_json,
     read_bytes,
 )
-from ciosl.learners.base import Learner, get_method, parse_value
+from ciosl.learners.base import Learner, available_methods, get_method, parse_value
 
 
 @dataclass
@@ -554,6 +554,13 @@ def differences(old: dict, new: dict) -> list[str]:
     """``field: OLD there, NEW here`` for each identity field (one level into tables) that
     ``old`` records and ``new`` has otherwise."""
     a, b = identity_of(old), identity_of(new)
+    if isinstance(a.get("settings"), dict) and isinstance(b.get("settings"), dict):
+        # a setting added after ``old`` was written: it ran at the method's recorded old value
+        cls = available_methods().get(a.get("method")) if isinstance(a.get("method"),
+                                                                      str) else None
+        for k, v in getattr(cls, "added_settings", {}).items():
+            if k in b["settings"] and k not in a["settings"]:
+                a["settings"][k] = json.loads(json.dumps(v, default=str))
     out = []
     for key in IDENTITY:
         if key not in a or a[key] == b.get(key):

@@ -100,6 +100,7 @@ class CellInfo:
     offline: OfflineSettings
     fingerprint: str
     settings_fingerprint: str  # all of the fingerprint but the features (``settings_fingerprint``)
+    legacy_fingerprint: str = ""  # a run saved before the learner's added_settings also counts
 
 
 @dataclass
@@ -163,16 +164,22 @@ def _regime_fields(exp: ExperimentSpec) -> dict[str, Any]:
 
 
 def settings_fingerprint(exp: ExperimentSpec, spec: DatasetSpec, cls: type[Learner],
-                         settings: dict[str, Any]) -> str:
+                         settings: dict[str, Any], *, legacy: bool = False) -> str:
     """Everything that makes a run of this cell what it is, except the features: every setting
     as this code resolves it (a changed default is a changed cell), the offline reference's
-    recipe and the regime. Needs no data."""
+    recipe and the regime. Needs no data. ``legacy``: the fingerprint that a run saved before
+    the method's ``added_settings`` existed carries, when the cell runs each of them at the
+    value those runs ran at (the same runs; otherwise the ordinary fingerprint)."""
     source = method_source(cls)  # only for a learner defined outside ciosl
+    resolved = {**{st.name: st.default for st in cls.settings() if st.name != "seed"},
+                **settings}
+    if legacy:
+        resolved = {k: v for k, v in resolved.items()
+                    if not (k in cls.added_settings and v == cls.added_settings[k])}
     return _fingerprint({
         "format": RUN_FORMAT, "dataset": exp.dataset, "ordering": exp.ordering,
         "method": cls.name, **({"method_source": source} if source else {}),
-        "settings": {**{st.name: st.default for st in cls.settings() if st.name != "seed"},
-                     **settings},
+        "settings": resolved,
         "limit_per_class": exp.limit_per_class, "offline": offline_settings(exp, spec).__dict__,
         **_regime_fields(exp),
         # a reference trained on a GPU is another cell's ($CIOSL_DEVICE; the CPU adds nothing)
@@ -194,13 +201,17 @@ def prepare(grid: Grid) -> list[CellInfo]:
         offline = offline_settings(exp, spec)
         sfp = settings_fingerprint(exp, spec, cls, settings)
         fingerprint = _fingerprint({"settings": sfp, "features": fs.key})
-        infos.append(CellInfo(cell, exp, spec, cls, settings, fs, offline, fingerprint, sfp))
+        legacy = _fingerprint({"settings": settings_fingerprint(exp, spec, cls, settings,
+                                                                legacy=True), "features": fs.key})
+        infos.append(CellInfo(cell, exp, spec, cls, settings, fs, offline, fingerprint, sfp,
+                              legacy))
     return infos
 
 
 def _finished(out: Path, info: CellInfo, seed: int) -> dict | None:
     saved = read_json(run_file(out, info.cell, seed))
-    if (isinstance(saved, dict) and saved.get("fingerprint") == info.fingerprint
+    if (isinstance(saved, dict)
+            and saved.get("fingerprint") in (info.fingerprint, info.legacy_fingerprint)
             and saved.get("seed") == seed and _whole_run(saved)):
         return saved
     return None  # missing, stale or damaged: computed again
@@ -665,7 +676,8 @@ def plan(grid: Grid) -> list[tuple[Cell, list[int]]]:
     for cell in grid.cells:
         exp = grid.experiment(cell)
         spec, cls, settings = validate(exp)
-        sfp = settings_fingerprint(exp, spec, cls, settings)
+        sfps = (settings_fingerprint(exp, spec, cls, settings),
+                settings_fingerprint(exp, spec, cls, settings, legacy=True))
         folder = Path(grid.out) / "runs" / cell.id
         done = []
         for path in sorted(folder.glob("seed-*.json")) if folder.is_dir() else []:
@@ -673,7 +685,7 @@ def plan(grid: Grid) -> list[tuple[Cell, list[int]]]:
             if m is None or int(m.group(1)) not in seeds:
                 continue
             saved = read_json(path)
-            if (isinstance(saved, dict) and saved.get("settings_fingerprint") == sfp
+            if (isinstance(saved, dict) and saved.get("settings_fingerprint") in sfps
                     and saved.get("seed") == int(m.group(1))
                     and isinstance(saved.get("run"), dict)):
                 done.append(int(m.group(1)))

@@ -11,6 +11,7 @@ from ciosl.learners import (  # noqa: F401
     mas,
     ncm,
     offline,
+    ranpac,
     remind,
     rplda,
     slda,

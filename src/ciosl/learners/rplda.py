@@ -6,7 +6,9 @@ the learner's ``seed`` with entries N(0, 1/d), so that h has the scale of z; a l
 is a nonlinear rule on z. On h the learner is the streaming LDA of ``slda.py``: class means
 mu_k, the pooled within-class covariance Sigma = S / t, scores W h + b with
 W = mu Lambda, b = -0.5 diag(mu Lambda mu^T), Lambda = ((1 - eps) Sigma + eps I)^-1,
-eps = ``shrinkage``, ``predict_proba`` = softmax(scores).
+eps = ``shrinkage``, ``predict_proba`` = softmax(scores); with ``shrinkage_estimator="oas"``
+(the default since issue 38's study) the shrinkage is chosen from the running statistics
+instead, Sigma_s = (1 - a) Sigma + a (tr Sigma / D) I, as in ``slda.py``.
 
 Exact and fast. A rank-1 update of a (D, D) float64 scatter per sample (134 MB read and
 written at D = 4096) is replaced by sufficient statistics taken in blocks: the raw samples
@@ -41,6 +43,7 @@ import numpy as np
 import torch
 
 from ciosl.learners.base import Learner, register
+from ciosl.learners.shrinkage import SHRINKAGE_ESTIMATORS, check_shrinkage, shrunk_terms
 from ciosl.learners.undo import Rows
 
 MAX_PROJ_DIM = 65536  # a (D, D) float64 second moment: 34 GB at the bound
@@ -88,15 +91,23 @@ class RPLDA(Learner):
                    "block-buffered statistics")
     help = {
         "proj_dim": f"D, width of the random ReLU features h = relu(P z) (1 to {MAX_PROJ_DIM})",
-        "shrinkage": "eps in Lambda = ((1 - eps) Sigma + eps I)^-1 on the projected features",
+        "shrinkage": "eps in Lambda = ((1 - eps) Sigma + eps I)^-1 on the projected features "
+                     "(shrinkage_estimator=fixed)",
+        "shrinkage_estimator": "fixed: eps = shrinkage; oas: chosen from the running statistics"
+                               " (Oracle Approximating Shrinkage towards tr(Sigma)/D I, as slda)",
         "seed": "draws the random projection P",
     }
-    conformance_settings: ClassVar[list[dict]] = [{"proj_dim": 32}]
+    choices: ClassVar[dict[str, tuple]] = {"shrinkage_estimator": SHRINKAGE_ESTIMATORS}
+    added_settings: ClassVar[dict[str, Any]] = {"shrinkage_estimator": "fixed"}
+    conformance_settings: ClassVar[list[dict]] = [{"proj_dim": 32},
+                                                  {"proj_dim": 32, "shrinkage_estimator": "fixed"}]
     block: ClassVar[int] = 256  # samples buffered before one GEMM update of the statistics
 
-    def __init__(self, *, proj_dim: int = 4096, shrinkage: float = 1e-4, seed: int = 0):
+    def __init__(self, *, proj_dim: int = 4096, shrinkage: float = 1e-4,
+                 shrinkage_estimator: str = "oas", seed: int = 0):
         self.proj_dim = proj_dim
         self.shrinkage = shrinkage
+        self.shrinkage_estimator = shrinkage_estimator
         super().__init__(seed=seed)
 
     def _check_settings(self) -> None:
@@ -105,7 +116,9 @@ class RPLDA(Learner):
         if type(D) is not int or not 1 <= D <= MAX_PROJ_DIM:  # not bool, not a numpy integer
             raise ValueError(f"{self.name}: proj_dim must be a Python int in [1, {MAX_PROJ_DIM}]"
                              f", got proj_dim={D!r} ({type(D).__name__})")
-        # shrinkage: its range, [0, 1] (Learner.ranges)
+        # shrinkage: its range, [0, 1] (Learner.ranges); refused where oas ignores it
+        if "shrinkage_estimator" in self.get_params():  # not in ranpac, which subclasses this
+            check_shrinkage(self)
 
     # ------------------------------------------------------------------ state
     def _init_state(self, dim: int) -> None:
@@ -275,21 +288,36 @@ class RPLDA(Learner):
         if self._Wb is None:
             Hp, yp, counts, sums = self._totals()
             M = sums / counts.clamp(min=1)[:, None]  # (K, D) class means of h - c
-            eps, D = self.shrinkage, len(self.shift)
-            a = (1 - eps) / (self.n_committed + len(yp))
-            if self.n_committed == 0 and eps > 0 and len(yp) < D:
-                # Woodbury: (eps I + a X^T X)^-1 = (I - a X^T (eps I + a X X^T)^-1 X) / eps
-                X = Hp - M[yp]  # (p, D) deviations from the class means
-                small = a * X @ X.T + eps * torch.eye(len(X), dtype=X.dtype)  # (p, p)
-                WT = (M.T - a * X.T @ spd_solve(small, X @ M.T, True)) / eps  # (D, K)
+            D, n = len(self.shift), self.n_committed + len(yp)
+            if self.n_committed == 0:  # every sample is waiting: X (p, D), S = X^T X
+                X = Hp - M[yp]  # deviations from the class means
+                XXt = X @ X.T  # (p, p)
+                a, r, self._shrinkage = self._shrunk(float(XXt.trace()),
+                                                     float(XXt.square().sum()), n, D)
+            if self.n_committed == 0 and r > 0 and len(yp) < D:
+                # Woodbury: (r I + a X^T X)^-1 = (I - a X^T (r I + a X X^T)^-1 X) / r
+                small = a * XXt + r * torch.eye(len(X), dtype=X.dtype)  # (p, p)
+                WT = (M.T - a * X.T @ spd_solve(small, X @ M.T, True)) / r  # (D, K)
             else:
-                A = self._scatter(Hp, yp, counts, sums).mul_(a)
-                A.diagonal().add_(eps)  # (1 - eps) Sigma + eps I
-                WT = spd_solve(A, M.T, eps > 0)  # (D, K)
+                A = self._scatter(Hp, yp, counts, sums)  # S
+                if self.n_committed:
+                    a, r, self._shrinkage = self._shrunk(float(A.trace()),
+                                                         float(A.square().sum()), n, D)
+                A.mul_(a).diagonal().add_(r)  # the shrunk covariance a S + r I
+                WT = spd_solve(A, M.T, r > 0)  # (D, K)
             W = WT.T.contiguous()  # (K, D)
             # scores on h - c: they differ from those on h by a per-row constant only
             self._Wb = W, -0.5 * (W * M).sum(1)
         return self._Wb
+
+    def _shrunk(self, trace: float, frob2: float, n: int, D: int) -> tuple[float, float, float]:
+        return shrunk_terms(trace, frob2, n, D, self.shrinkage, self.shrinkage_estimator)
+
+    @property
+    def shrinkage_(self) -> float:
+        """The shrinkage coefficient of the current prediction rule (``shrinkage`` if fixed)."""
+        self._weights()
+        return self._shrinkage
 
     def _predict_proba(self, Z: np.ndarray) -> np.ndarray:
         W, b = self._weights()

@@ -19,6 +19,19 @@ W z + b with W = mu Lambda (one row per class) and b = -0.5 diag(mu Lambda mu^T)
 ``predict_proba`` = softmax(scores). Lambda is recomputed lazily, only when predicting after
 the covariance changed; W, b after any update.
 
+``shrinkage_estimator="oas"`` (the default since issue 38's study on the development streams,
+docs/findings.md) chooses the shrinkage from the stream instead of ``shrinkage``: the Oracle
+Approximating Shrinkage of Chen et al. (2010) on the pooled within-class covariance,
+Sigma_s = (1 - a) Sigma + a (tr Sigma / d) I, with a computed from tr Sigma, ||Sigma||_F^2 and
+the sample count t (``oas_shrinkage``: scikit-learn's ``OAS(assume_centered=True)`` on the
+deviations z_i - mu_{y_i}). Those are functions of the running statistics, so no sample is
+stored or revisited; the coefficient in use is ``shrinkage_``. Ledoit-Wolf, which
+scikit-learn's ``LinearDiscriminantAnalysis(shrinkage="auto")`` uses, is not offered: its
+coefficient needs sum_i ||z_i - mu_{y_i}||^4 about the *current* class means, which moves with
+every mean update and is exact only from per-class (d, d) second moments. scikit-learn's
+"auto" also standardizes each class and shrinks each class's covariance separately; here one
+pooled covariance is shrunk towards a multiple of I.
+
 ``streaming_update=False`` is the paper's frozen variant: Sigma is estimated by ``fit_base``
 only and the stream updates the means alone (with no base init, Sigma stays 0 and SLDA reduces
 to nearest class mean under the shrinkage metric eps I).
@@ -34,6 +47,7 @@ import torch
 from ciosl.learners.base import register
 from ciosl.learners.blocks import BlockMeans
 from ciosl.learners.rplda import add_gram_, symmetric
+from ciosl.learners.shrinkage import SHRINKAGE_ESTIMATORS, check_shrinkage, shrunk_terms
 
 
 @register
@@ -43,14 +57,21 @@ class SLDA(BlockMeans):
     regime_note = ("running class means and covariance: several epochs count the same samples several times")
     description = "Deep streaming LDA: class means + one shared streaming covariance"
     help = {
-        "shrinkage": "eps in Lambda = ((1 - eps) Sigma + eps I)^-1",
+        "shrinkage": "eps in Lambda = ((1 - eps) Sigma + eps I)^-1 (shrinkage_estimator=fixed)",
+        "shrinkage_estimator": "fixed: eps = shrinkage; oas: chosen from the running statistics"
+                               " (Oracle Approximating Shrinkage towards tr(Sigma)/d I)",
         "streaming_update": "update the covariance on the stream (False: frozen after fit_base)",
         "seed": "unused (SLDA is deterministic); kept for the common protocol",
     }
-    conformance_settings: ClassVar[list[dict]] = [{"streaming_update": False}]
+    choices: ClassVar[dict[str, tuple]] = {"shrinkage_estimator": SHRINKAGE_ESTIMATORS}
+    added_settings: ClassVar[dict[str, Any]] = {"shrinkage_estimator": "fixed"}
+    conformance_settings: ClassVar[list[dict]] = [{"streaming_update": False},
+                                                  {"shrinkage_estimator": "fixed"}]
 
-    def __init__(self, *, shrinkage: float = 1e-4, streaming_update: bool = True, seed: int = 0):
+    def __init__(self, *, shrinkage: float = 1e-4, shrinkage_estimator: str = "oas",
+                 streaming_update: bool = True, seed: int = 0):
         self.shrinkage = shrinkage
+        self.shrinkage_estimator = shrinkage_estimator
         self.streaming_update = streaming_update
         super().__init__(seed=seed)
 
@@ -83,6 +104,10 @@ class SLDA(BlockMeans):
             self._S_total = symmetric(S)
         return self._S_total
 
+    def _check_settings(self) -> None:
+        super()._check_settings()
+        check_shrinkage(self)
+
     @property
     def covariance(self) -> torch.Tensor:
         """Sigma = S / t, (d, d) float64."""
@@ -105,6 +130,12 @@ class SLDA(BlockMeans):
             w = (n_s * m_s / (n_s + m_s)).sqrt_()  # (u',)
             torch.mul(nu[seen] - mu[u[seen]], w[:, None], out=X[len(Z64):])
         add_gram_(S, X, tile=256)
+
+    @property
+    def shrinkage_(self) -> float:
+        """The shrinkage coefficient of the current prediction rule (``shrinkage`` if fixed)."""
+        self._weights()
+        return self._shrinkage
 
     def _fold(self, Z64, u, inv, m, nu, mu, n) -> None:
         if self.streaming_update or self._in_base:
@@ -136,8 +167,11 @@ class SLDA(BlockMeans):
 
     def _weights(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self._Lambda is None:
-            eps = self.shrinkage
-            A = (1 - eps) * self.covariance + eps * torch.eye(len(self.scatter), dtype=torch.float64)
+            S, d = self.scatter, len(self.scatter)
+            a, r, self._shrinkage = shrunk_terms(float(S.trace()), float(S.square().sum()),
+                                                 self.n_cov, d, self.shrinkage,
+                                                 self.shrinkage_estimator)
+            A = a * S + r * torch.eye(d, dtype=torch.float64)  # the shrunk covariance
             self._Lambda = torch.linalg.pinv(A, hermitian=True)  # (d, d)
         if self._Wb is None:
             W = self.mu @ self._Lambda  # (K, d); Lambda is symmetric

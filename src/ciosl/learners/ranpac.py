@@ -1,0 +1,112 @@
+"""RanPAC's head: ridge regression on random ReLU features, its ridge chosen from the stream.
+
+RanPAC (McDonnell et al., NeurIPS 2023) lifts the frozen features z (d) into h = relu(P z)
+(D = ``proj_dim``) and fits W = (G + lambda I)^-1 C to one-hot targets, with the Gram matrix
+G = sum h h^T (D, D) and C = sum h y^T (D, K), the sum of h per class. Both are running sums:
+this learner keeps them as ``rp_lda`` keeps its statistics (same projection P from the seed,
+same shifted per-class sums and second moment, updated per sample through a buffer committed
+in blocks, exact at every moment, same state file), so it subclasses ``RPLDA`` and replaces
+only the solve. G = M2 + c s^T + s c^T + t c c^T and C^T = sums + counts c^T, with c the
+shift, s the total of h - c and t the sample count.
+
+The ridge lambda: RanPAC holds out part of the first task's data and picks the best lambda on
+it. A single-pass learner has no held-out data, so ``ridge_estimator="gcv"`` (the default)
+chooses lambda by generalised cross-validation on the running statistics alone (Golub, Heath &
+Wahba 1979): with G = V diag(s) V^T and q_i = ||(V^T C)_i||^2,
+RSS(lambda) = t - sum_i q_i (s_i + 2 lambda) / (s_i + lambda)^2 (||Y||^2 = t for one-hot Y)
+and df(lambda) = sum_i s_i / (s_i + lambda), GCV(lambda) = RSS / (1 - df / t)^2, minimised over
+a log grid of lambda / (tr G / D) from 1e-6 to 1e3 (``GRID``), the grid relative to the mean
+eigenvalue so that the choice does not depend on the features' scale. One (D, D)
+eigendecomposition per solve (about 20 Cholesky factorizations' time), lazily, when a
+prediction follows new samples (while all t < D samples still wait in the buffer, the (t, t)
+one of H H^T instead: the same nonzero spectrum); ``ridge_`` is the lambda in use. ``ridge_estimator="fixed"``:
+lambda = ``ridge``, one Cholesky solve.
+
+Deviations: no backbone adaptation in the first session (features stay frozen, as for every
+learner here); ``predict_proba`` is the softmax of the ridge outputs h W, which ranks the
+classes as RanPAC does but is not calibrated (outputs near 0 and 1 give soft probabilities).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from ciosl.learners.base import Learner, Range, register
+from ciosl.learners.rplda import RPLDA, add_gram_, spd_solve, symmetric
+
+GRID = 10.0 ** np.arange(-6.0, 3.01, 0.25)  # lambda / (tr G / D), the GCV candidates
+
+
+def gcv_ridge(s: torch.Tensor, q: torch.Tensor, t: int, scale: float) -> float:
+    """The lambda of ``scale * GRID`` with the least GCV score, from the Gram's eigenvalues s
+    (D,), the squared norms q (D,) of the rows of V^T C and the sample count t."""
+    lam = torch.as_tensor(GRID * scale, dtype=torch.float64)[:, None]  # (L, 1)
+    rss = t - (q * (s + 2 * lam) / (s + lam) ** 2).sum(1)  # (L,)
+    df = (s / (s + lam)).sum(1)  # (L,)
+    score = rss.clamp(min=0) / (1 - df / t).clamp(min=1e-12) ** 2
+    return float(lam[int(score.argmin()), 0])
+
+
+@register
+class RanPAC(RPLDA):
+    name = "ranpac"
+    description = ("RanPAC's head: random ReLU projection + ridge regression on one-hot targets "
+                   "from running Gram statistics, the ridge chosen by GCV on the stream")
+    help = {
+        "proj_dim": RPLDA.help["proj_dim"],
+        "ridge_estimator": "gcv: lambda chosen by generalised cross-validation on the running "
+                           "statistics; fixed: lambda = ridge",
+        "ridge": "lambda of the ridge (G + lambda I)^-1 C (ridge_estimator=fixed)",
+        "seed": "draws the random projection P",
+    }
+    choices: ClassVar[dict[str, tuple]] = {"ridge_estimator": ("gcv", "fixed")}
+    ranges = {**RPLDA.ranges, "ridge": Range(0, 1e6)}
+    added_settings: ClassVar[dict[str, Any]] = {}
+    conformance_settings: ClassVar[list[dict]] = [
+        {"proj_dim": 32}, {"proj_dim": 32, "ridge_estimator": "fixed", "ridge": 0.0}]
+
+    def __init__(self, *, proj_dim: int = 4096, ridge_estimator: str = "gcv", ridge: float = 1.0,
+                 seed: int = 0):
+        self.proj_dim = proj_dim
+        self.ridge_estimator = ridge_estimator
+        self.ridge = ridge
+        Learner.__init__(self, seed=seed)
+
+    def _weights(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._Wb is None:
+            Hp, yp, counts, sums = self._totals()  # sums of h - c; c = 0 until the first commit
+            c, t, D = self.shift, self.n_committed + len(yp), len(self.shift)
+            dual = self.n_committed == 0 and len(yp) < D
+            if dual:  # G = X^T X, C = X^T Y with X = Hp (p, D): work on M = X X^T (p, p)
+                M, R = Hp @ Hp.T, torch.nn.functional.one_hot(yp, len(counts)).double()
+            else:  # M = G (D, D), R = C (D, K)
+                M = symmetric(add_gram_(self.m2.clone(), Hp)) if self.n_committed else Hp.T @ Hp
+                s = sums.sum(0)
+                M += torch.outer(c, s) + torch.outer(s, c) + t * torch.outer(c, c)
+                R = (sums + counts[:, None].double() * c).T
+            if self.ridge_estimator == "fixed":
+                self._ridge = float(self.ridge)
+                M.diagonal().add_(self._ridge)
+                B = spd_solve(M, R, self._ridge > 0)  # (G + lambda I)^-1 C, or its dual
+            else:  # the same nonzero spectrum s either way; dual: V^T C = diag(sqrt s) U^T Y
+                s, V = torch.linalg.eigh(M)
+                s = s.clamp(min=0)
+                Q = V.T @ R  # (m, K)
+                q = Q.square().sum(1) * (s if dual else 1)
+                scale = float(s.sum()) / D  # tr G / D
+                self._ridge = gcv_ridge(s, q, t, scale) if scale > 0 else 1.0
+                B = V @ (Q / (s + self._ridge)[:, None])
+            W = (Hp.T @ B if dual else B).T.contiguous()  # (K, D)
+            self._Wb = W, W @ c  # on h - c (RPLDA's predict): h W^T = (h - c) W^T + W c
+        return self._Wb
+
+    shrinkage_ = None  # no covariance here: ``ridge_``
+
+    @property
+    def ridge_(self) -> float:
+        """The lambda of the current solve (``ridge`` if fixed)."""
+        self._weights()
+        return self._ridge
