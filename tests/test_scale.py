@@ -143,7 +143,7 @@ def test_slda_and_ncm_blocks_equal_the_sample_by_sample_rule_at_every_moment():
     y = rng.integers(0, K, 60)
     Z = (centres[y] + rng.normal(size=(60, d))).astype(np.float32)
     Zt = rng.normal(0, 4, (10, d)).astype(np.float32)
-    slda, ncm = SmallBlockSLDA(), SmallBlockNCM()
+    slda, ncm = SmallBlockSLDA(shrinkage_estimator="fixed"), SmallBlockNCM()
     for i in range(len(y)):
         slda.learn_one(Z[i], int(y[i]))
         ncm.learn_one(Z[i], int(y[i]))
@@ -188,7 +188,7 @@ def test_blocked_slda_matches_sklearn_lda():
     K, d, n = 3, 5, 201  # balanced: sklearn's prior-weighted covariance is then the pooled one
     y = rng.permutation(np.repeat(np.arange(K), n // K))
     Z = (rng.normal(0, 3, (K, d))[y] + rng.normal(size=(n, d))).astype(np.float32)
-    learner = SmallBlockSLDA(shrinkage=0.0)
+    learner = SmallBlockSLDA(shrinkage=0.0, shrinkage_estimator="fixed")
     learner.fit_base(Z[:30], y[:30].tolist())
     for z, k in zip(Z[30:], y[30:], strict=True):
         learner.learn_one(z, int(k))

@@ -167,10 +167,10 @@ class SLDA(BlockMeans):
 
     def _weights(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self._Lambda is None:
-            S, d = self.scatter, len(self.scatter)
+            S, d = self.scatter, len(self.scatter)  # waiting rows included, as in their count
+            t = self.n_cov + (self.n_pending if self.streaming_update else 0)
             a, r, self._shrinkage = shrunk_terms(float(S.trace()), float(S.square().sum()),
-                                                 self.n_cov, d, self.shrinkage,
-                                                 self.shrinkage_estimator)
+                                                 t, d, self.shrinkage, self.shrinkage_estimator)
             A = a * S + r * torch.eye(d, dtype=torch.float64)  # the shrunk covariance
             self._Lambda = torch.linalg.pinv(A, hermitian=True)  # (d, d)
         if self._Wb is None:
