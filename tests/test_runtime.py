@@ -303,3 +303,26 @@ def test_the_offline_learner_retrains_on_the_device_it_is_given(monkeypatch):
     learner.learn_one(Z[1], 1)
     learner.predict(Z)
     assert devices == ["cpu", "cuda", "cuda"]
+
+
+def test_on_cuda_threads_sets_the_workers_handing_batches_to_the_gpu(monkeypatch):
+    """The CUDA path's wiring (measured on an H200 by benchmarks/gpu_check.py; no GPU here):
+    the runner gets ``--threads`` workers, default 1, and torch keeps one thread each."""
+    from ciosl.data import features
+    from ciosl.data.types import ArrayImages
+
+    made, threads_seen = [], []
+    real_runner = runtime.torch_runner
+    monkeypatch.setattr(runtime, "torch_runner", lambda model, device, batch, workers=1:
+                        made.append((device, workers)) or real_runner(model, "cpu", batch))
+    model = torch.nn.Identity()
+    model.embed = lambda x: threads_seen.append(torch.get_num_threads()) or x.flatten(1)[:, :4]
+    src = {"train": ArrayImages(np.zeros((5, 8, 8), np.uint8))}
+    for threads, workers in ((None, 1), (3, 3)):
+        how = features.Execution("cuda", "torch", threads)
+        out, backend = features._run("x", model, "efficientnet_lite0", lambda: "w", 8,
+                                     lambda b: features.efficientnet_input(b, 8), src, 2,
+                                     False, how)
+        assert backend == "torch" and out["train"].shape == (5, 4)
+        assert made[-1] == ("cuda", workers)
+    assert set(threads_seen) == {1}

@@ -141,7 +141,8 @@ def build_parser() -> argparse.ArgumentParser:
                       "(default: $CIOSL_BACKEND, else auto)")
     feat.add_argument("--threads", type=int, default=None, help="CPU threads (default: under "
                       "onnxruntime one single-threaded worker per available core, which slows "
-                      "down gracefully when another process takes a core; under torch 1)")
+                      "down gracefully when another process takes a core; on cuda, workers "
+                      "handing batches to the GPU, 1; under torch on the cpu 1)")
 
     sweep = sub.add_parser("sweep", help="run every cell of an experiment grid (configs/*.toml), "
                            "resumable, on local processes or a Ray cluster")

@@ -158,11 +158,17 @@ def parse_extractor(name: str) -> tuple[str, int | None]:
     return base, int(size)
 
 
-def efficientnet_input(batch: np.ndarray | list[np.ndarray], size: int) -> torch.Tensor:
-    """uint8 (b, H, W[, 3]) or a list of such images -> (b, 3, size, size), (x - 127) / 128."""
+def efficientnet_input(batch: np.ndarray | list[np.ndarray], size: int,
+                       device: str = "cpu") -> torch.Tensor:
+    """uint8 (b, H, W[, 3]) or a list of such images -> (b, 3, size, size), (x - 127) / 128, on
+    ``device``: on CUDA the uint8 images travel (a 28x28 image is 784 bytes where its input at
+    64 is 49,152) and are resized there."""
     if not isinstance(batch, np.ndarray):
-        return torch.cat([efficientnet_input(img[None], size) for img in batch])
-    x = torch.from_numpy(np.ascontiguousarray(batch)).float()  # 0..255
+        return torch.cat([efficientnet_input(img[None], size, device) for img in batch])
+    x = torch.from_numpy(np.ascontiguousarray(batch))
+    if device != "cpu":
+        x = x.pin_memory().to(device, non_blocking=True)
+    x = x.float()  # 0..255
     if x.ndim == 4 and x.shape[-1] == 1:
         x = x[..., 0]
     if x.ndim == 3:  # grayscale (b, H, W) -> (b, 3, H, W)
@@ -184,7 +190,8 @@ def _efficientnet(
     model = efficientnet.load_efficientnet_lite0(weights)
     return _run(f"EfficientNet-Lite0@{size}", model, "efficientnet_lite0",
                 lambda: efficientnet.weights_id(weights), size,
-                lambda b: efficientnet_input(b, size), sources, batch_size, progress, how)
+                lambda b: efficientnet_input(b, size, how.device), sources, batch_size,
+                progress, how)
 
 
 @dataclass(frozen=True)
@@ -227,8 +234,13 @@ def _run(label, model, network, wid, size, prepare, sources, batch_size, progres
                 raise
             logger.warning("ONNX Runtime failed (%s: %s); extracting with torch instead.",
                            type(e).__name__, str(e).splitlines()[0] if str(e) else "")
-    threads = runtime.resolve_threads(how.threads, "torch")
-    runner = runtime.torch_runner(model, how.device, batch_size)
+    if how.device == "cuda":  # --threads workers hand batches to the GPU (default 1)
+        threads = 1
+        runner = runtime.torch_runner(model, how.device, batch_size,
+                                      runtime.resolve_threads(how.threads, "torch"))
+    else:
+        threads = runtime.resolve_threads(how.threads, "torch")
+        runner = runtime.torch_runner(model, how.device, batch_size)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -253,7 +265,7 @@ def _embed_all(label, runner: runtime.Runner, prepare, sources, progress) -> dic
         on_start(total)
     out, t0 = {}, time.perf_counter()
     threads = torch.get_num_threads()
-    if runner.backend == "onnxruntime":
+    if runner.workers > 1:
         torch.set_num_threads(1)  # preprocessing inside each worker: one thread each
     try:
         with Progress(console=console, disable=not show) as bar, torch.inference_mode():
