@@ -151,6 +151,8 @@ class BayesHead(Learner):
     uncertainty: ClassVar[str] = "entropy"
     # the data the stream's KL term is divided by: "seen" (N), "window" or "step" (a CIOSL setting)
     kl_data: ClassVar[str] = "seen"
+    # "prior": the posterior precision never falls below the prior's (a CIOSL setting)
+    precision_floor: ClassVar[str] = "none"
     # the paper trains with plain SGD and an untempered KL (reports label other values)
     paper_values: ClassVar[dict[str, Any]] = {"max_grad_norm": math.inf, "temperature": 1.0}
     # the Fisher EMA rate was a constant, 0.01, before it was a setting
@@ -177,7 +179,8 @@ class BayesHead(Learner):
     # ------------------------------------------------------------------ state
     def _new_net(self, dim: int, n_out: int, generator: torch.Generator) -> BayesMLP:
         return BayesMLP(dim, n_out, HIDDEN, prior_scale=self.prior_scale,
-                        fisher_decay=self.fisher_decay, generator=generator)
+                        fisher_decay=self.fisher_decay,
+                        precision_floor=self.precision_floor == "prior", generator=generator)
 
     def _new_opt(self, net: BayesMLP) -> FlatSGD:
         return FlatSGD([net.mu], lr=self.lr, momentum=self.momentum,

@@ -82,8 +82,9 @@ class BayesMLP:
 
     def __init__(self, dim: int, n_out: int, hidden: tuple[int, ...] = HIDDEN, *,
                  prior_scale: float = 1.0, fisher_decay: float = 0.01,
-                 generator: torch.Generator):
+                 precision_floor: bool = False, generator: torch.Generator):
         self.prior_scale, self.fisher_decay = float(prior_scale), float(fisher_decay)
+        self.precision_floor = bool(precision_floor)
         sizes = [dim, *hidden, n_out]
         self.shapes: list[tuple[int, ...]] = []
         means: list[torch.Tensor] = []
@@ -161,8 +162,12 @@ class BayesMLP:
         return self.evidence / -math.expm1(self.fisher_steps * math.log1p(-self.fisher_decay))
 
     def precision(self, out: torch.Tensor | None = None) -> torch.Tensor:
-        """(P,) posterior precision pi_0 + evidence * Fbar."""
-        return torch.add(self.prec0, self.fisher, alpha=self._fisher_weight(), out=out)
+        """(P,) posterior precision pi_0 + evidence * Fbar; with ``precision_floor``, at least
+        the prior's (the posterior's last snapshot): in sequential Bayes the data only add
+        curvature, so no weight's precision falls below what the prior already knew, however
+        small the curvature of the samples in the EMA's window has become."""
+        out = torch.add(self.prec0, self.fisher, alpha=self._fisher_weight(), out=out)
+        return torch.maximum(out, self.prior_prec, out=out) if self.precision_floor else out
 
     def sigma(self) -> torch.Tensor:
         """(P,) posterior scales 1 / sqrt(precision)."""

@@ -79,6 +79,7 @@ DISTILL_FILTERS = ("all", "correct")
 DISTILL_WHEN = ("always", "class_growth")
 UNCERTAINTIES = ("entropy", "epistemic")
 KL_DATA = ("seen", "window", "step")
+PRECISION_FLOORS = ("none", "prior")
 # CIOSL's Fisher EMA remembers ~1000 updates, not the Bayesian heads' ~100 (bayes_head.py):
 # chosen on the development streams, 10 paired runs (docs/findings.md)
 CIOSL_FISHER_DECAY = 0.001
@@ -98,7 +99,8 @@ class CIOSL(BayesHead):
     choices = {"selection": SELECTIONS, "replacement": REPLACEMENTS,
                "prior_refresh": REFRESHES, "prediction": ("mean", "mc"),
                "distill_filter": DISTILL_FILTERS, "distill_when": DISTILL_WHEN,
-               "uncertainty": UNCERTAINTIES, "kl_data": KL_DATA}
+               "uncertainty": UNCERTAINTIES, "kl_data": KL_DATA,
+               "precision_floor": PRECISION_FLOORS}
     help = {
         **BAYES_HELP,
         "lambda2": "weight of the logit distillation (squared distance, mean over rows)",
@@ -127,6 +129,10 @@ class CIOSL(BayesHead):
                    "everything seen), window (refresh_every: the ELBO of the window the "
                    "prior has not seen, as VCL per task) or step (the step's 1 + N1' labelled "
                    "rows: Eq. 3 as written, summed log-likelihoods minus lambda1 KL)",
+        "precision_floor": "none: the precision is prior_0 + (N / T) * the Fisher EMA, and "
+                           "falls when the recent samples carry less curvature; prior: it "
+                           "never falls below the prior's (the last refreshed snapshot), as "
+                           "in sequential Bayes, where data only add curvature",
         "seed": "seed of the init, the noise draws and the memory's choices",
     }
     # the paper's lambda1 = 1, lambda2 = 0.3, distilling from the first step (reports label
@@ -138,7 +144,8 @@ class CIOSL(BayesHead):
     # settings added after results and states were first written, at the value those ran at
     added_settings: ClassVar[dict[str, Any]] = {**BayesHead.added_settings, "train_noise": True,
                                                 "train_draws": 1, "uncertainty": "entropy",
-                                                "candidates": 0, "kl_data": "seen"}
+                                                "candidates": 0, "kl_data": "seen",
+                                                "precision_floor": "none"}
     conformance_settings: ClassVar[list[dict]] = [
         {"selection": "lapn", "replacement": "lawcbr"},
         {"selection": "uniform", "replacement": "reservoir"},
@@ -148,6 +155,7 @@ class CIOSL(BayesHead):
         {"train_draws": 2, "uncertainty": "epistemic", "candidates": 8},
         {"kl_data": "window", "refresh_every": 7},
         {"kl_data": "step"},
+        {"precision_floor": "prior", "refresh_every": 5},
     ]
 
     def __init__(self, *, lambda1: float = 30.0, lambda2: float = 0.1, n_replay: int = 16,
@@ -159,7 +167,7 @@ class CIOSL(BayesHead):
                  refresh_every: int = 500, prediction: str = "mean", temperature: float = 1e-4,
                  fisher_decay: float = CIOSL_FISHER_DECAY,
                  train_noise: bool = True, train_draws: int = 1, uncertainty: str = "entropy",
-                 candidates: int = 0, kl_data: str = "seen",
+                 candidates: int = 0, kl_data: str = "seen", precision_floor: str = "none",
                  prior_scale: float = 1.0, lr: float = 0.01,
                  max_grad_norm: float = BAYES_MAX_GRAD_NORM, momentum: float = 0.9,
                  weight_decay: float = 1e-5, base_epochs: int = 10, base_batch_size: int = 16,
@@ -185,6 +193,7 @@ class CIOSL(BayesHead):
         self.uncertainty = uncertainty
         self.candidates = candidates
         self.kl_data = kl_data
+        self.precision_floor = precision_floor
         self.prior_scale = prior_scale
         self.lr = lr
         self.max_grad_norm = max_grad_norm
