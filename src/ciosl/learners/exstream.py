@@ -122,12 +122,22 @@ class ExStream(FineTune):
         by, new = self._by_size, len(self.protos[c])
         if by is None or new == old:
             return
+        self._held = None
         if old:
             by[old].discard(c)
             if not by[old]:
                 del by[old]
         if new:
             by.setdefault(new, set()).add(c)
+
+    def _holding(self) -> tuple[np.ndarray, np.ndarray]:
+        """The classes holding prototypes, ascending, and how many each (cached until a size
+        changes): the replay draw's table, without a pass over every class per step."""
+        if getattr(self, "_held", None) is None or self._by_size is None:
+            pairs = sorted((c, n) for n, cs in self._sizes().items() for c in cs)
+            self._held = (np.array([c for c, _ in pairs], dtype=np.int64),
+                          np.array([n for _, n in pairs], dtype=np.int64))
+        return self._held
 
     def _over(self, limit: int) -> list[int]:
         """The classes holding more than ``limit`` prototypes, in ascending order."""
@@ -242,14 +252,15 @@ class ExStream(FineTune):
 
     def _replay(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(min(n_replay, stored),) prototypes drawn uniformly: X (r, d), Y (r,)."""
-        sizes = np.array([len(P) for P in self.protos])  # (n_classes,)
+        held, sizes = self._holding()  # (h,) classes holding prototypes, (h,) how many: the
+        # empty classes take no draw, so the draws are those over every class in order
         k = min(self.n_replay, int(sizes.sum()))
         if k == 0:
             return torch.zeros(0, self.dim_), torch.zeros(0, dtype=torch.int64)
         flat = self.rng.choice(int(sizes.sum()), size=k, replace=False)  # (r,)
         ends = np.cumsum(sizes)
-        cls = np.searchsorted(ends, flat, side="right")  # (r,) class of each draw
-        rows = flat - (ends[cls] - sizes[cls])  # (r,) row inside that class
+        at = np.searchsorted(ends, flat, side="right")  # (r,) position in held of each draw
+        cls, rows = held[at], flat - (ends[at] - sizes[at])  # (r,) class, row inside it
         X = torch.stack([self.protos[c][i] for c, i in zip(cls.tolist(), rows.tolist(),
                                                           strict=True)])
         return X, torch.from_numpy(cls.astype(np.int64))
