@@ -271,3 +271,26 @@ def test_mlp_output_layer_grows_without_a_pass_over_it(method, counted, monkeypa
         seen.append((counted()["cloned"], made["zeros"],
                      None if method == "agem" else made["cat"]))
     assert seen[0] == seen[1], seen
+
+
+def test_rng_snapshot_is_skipped_only_for_learners_that_draw_nothing():
+    """NCM, SLDA and RP-LDA draw no random number: their calls keep no generator snapshot.
+    A subclass that overrides a step may draw: its generators are saved and restored."""
+    assert not NCM._draws_random() and not SLDA._draws_random()
+    assert available_methods()["finetune"]._draws_random()
+
+    class Drawing(SLDA):
+        def _learn_one(self, z, yi):
+            self.rng.random()  # draws, then fails after the draw
+            if yi >= 2:
+                raise RuntimeError("injected")
+            super()._learn_one(z, yi)
+
+    assert Drawing._draws_random()
+    learner = Drawing()
+    Z = np.random.default_rng(0).normal(size=(3, 4)).astype(np.float32)
+    learner.fit_base(Z[:2], [0, 1])
+    before = learner.rng.bit_generator.state
+    with pytest.raises(RuntimeError, match="injected"):
+        learner.learn_one(Z[2], 5)
+    assert learner.rng.bit_generator.state == before

@@ -98,7 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
                      "streams of many classes (default: every event of the protocol)")
     run.add_argument("--no-offline", dest="offline_reference", action="store_false",
                      help="skip the offline reference learner: accuracies only, no Omega_all "
-                     "(the report lists such results apart, never in an Omega_all column)")
+                     "(the report lists such results apart, never in an Omega_all column; "
+                     "default: train it)")
     run.add_argument("--out", default="results", help="folder for the result JSON")
     _cache_and_data_options(run)
     run.add_argument("--quiet", action="store_true", help="no per-event tables (default: "
