@@ -172,6 +172,24 @@ def block_rate(method: str, dim: int = 1280, n: int = 4096, block: int = 256) ->
     return k / t_learn, k / block * block / t_gemm
 
 
+def call_overhead(method: str, dim: int = 1280, calls: int = 255) -> float:
+    """Microseconds per ``learn_one`` of a known class when no block is committed (the per-call
+    protocol: input checks, all-or-nothing, the row's write), best of five runs of ``calls``."""
+    rng = np.random.default_rng(4)
+    Z = rng.normal(size=(256 + calls, dim)).astype(np.float32)
+    y = rng.integers(100, size=256).tolist()
+    y += y[:calls]  # known classes only
+    best = float("inf")
+    for _ in range(5):
+        learner = make_learner(method)
+        learner.fit_base(Z[:256], y[:256])  # one full block, committed: nothing waits
+        t = time.perf_counter()
+        for i in range(256, 256 + calls):  # fewer than a block: none is committed
+            learner.learn_one(Z[i], y[i])
+        best = min(best, time.perf_counter() - t)
+    return best / calls * 1e6
+
+
 def write_features(path: str, n_classes: int, dim: int, per_class: int = 2) -> None:
     """A ``features:PATH`` file of ``n_classes`` Gaussian classes (``per_class`` training rows
     and one test row each, width ``dim``) for ``ciosl run`` at that many classes."""

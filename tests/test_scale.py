@@ -235,3 +235,62 @@ def test_evaluation_predicts_in_bounded_chunks(monkeypatch):
     monkeypatch.setattr(conformance, "PREDICT_CELLS", 7 * len(learner.classes_))
     np.testing.assert_array_equal(conformance.checked_predict(learner, Zs), whole)
     assert calls == [7] * (len(Zs) // 7) + ([len(Zs) % 7] if len(Zs) % 7 else [])
+
+
+@pytest.mark.parametrize("method", ["finetune", "tinyer", "agem", "remind", "exstream"])
+def test_mlp_output_layer_grows_without_a_pass_over_it(method, counted, monkeypatch):
+    """A new class grows the MLP head's output layer and its momentum by capacity doubling
+    (``pingpong``): no concatenation or zero-padding of the layer, and an undo record that
+    copies the hidden layers only. Elements cloned, concatenated and zero-filled for a new
+    class are the same at 20 classes and at 600 (away from a doubling)."""
+    made = {"cat": 0, "zeros": 0}
+    cat, zeros = torch.cat, torch.zeros
+
+    def counting_cat(tensors, *a, **k):
+        out = cat(tensors, *a, **k)
+        made["cat"] += out.numel()
+        return out
+
+    def counting_zeros(*a, **k):
+        out = zeros(*a, **k)
+        made["zeros"] += out.numel()
+        return out
+
+    monkeypatch.setattr(torch, "cat", counting_cat)
+    monkeypatch.setattr(torch, "zeros", counting_zeros)
+    seen = []
+    for K in (20, 600):
+        learner = _grown(method, K, base_epochs=1)
+        z = np.ones(8, np.float32)
+        learner.learn_one(z, K)  # a doubling, if one is due, happens here
+        counted()
+        made.update(cat=0, zeros=0)
+        learner.learn_one(z, K + 1)
+        assert learner.net.params[-2].shape[0] == K + 2
+        # A-GEM flattens every step's gradients (a known sample's too): its cat is its step
+        seen.append((counted()["cloned"], made["zeros"],
+                     None if method == "agem" else made["cat"]))
+    assert seen[0] == seen[1], seen
+
+
+def test_rng_snapshot_is_skipped_only_for_learners_that_draw_nothing():
+    """NCM, SLDA and RP-LDA draw no random number: their calls keep no generator snapshot.
+    A subclass that overrides a step may draw: its generators are saved and restored."""
+    assert not NCM._draws_random() and not SLDA._draws_random()
+    assert available_methods()["finetune"]._draws_random()
+
+    class Drawing(SLDA):
+        def _learn_one(self, z, yi):
+            self.rng.random()  # draws, then fails after the draw
+            if yi >= 2:
+                raise RuntimeError("injected")
+            super()._learn_one(z, yi)
+
+    assert Drawing._draws_random()
+    learner = Drawing()
+    Z = np.random.default_rng(0).normal(size=(3, 4)).astype(np.float32)
+    learner.fit_base(Z[:2], [0, 1])
+    before = learner.rng.bit_generator.state
+    with pytest.raises(RuntimeError, match="injected"):
+        learner.learn_one(Z[2], 5)
+    assert learner.rng.bit_generator.state == before

@@ -92,6 +92,14 @@ def build_parser() -> argparse.ArgumentParser:
                      "(default: all)")
     run.add_argument("--offline-epochs", type=int, default=None,
                      help="epochs of the offline reference learner (default: the dataset's)")
+    run.add_argument("--max-events", type=int, default=None, metavar="N",
+                     help="test at most N times, evenly spaced over the testing events (class "
+                     "orderings: over the class steps; base init and the end always); for "
+                     "streams of many classes (default: every event of the protocol)")
+    run.add_argument("--no-offline", dest="offline_reference", action="store_false",
+                     help="skip the offline reference learner: accuracies only, no Omega_all "
+                     "(the report lists such results apart, never in an Omega_all column; "
+                     "default: train it)")
     run.add_argument("--out", default="results", help="folder for the result JSON")
     _cache_and_data_options(run)
     run.add_argument("--quiet", action="store_true", help="no per-event tables (default: "
@@ -255,7 +263,8 @@ def main(argv: list[str] | None = None) -> int:
                 offline_epochs=args.offline_epochs, out_dir=args.out, cache_dir=args.cache,
                 data_root=args.data, checkpoint_every=args.checkpoint_every, resume=args.resume,
                 regime=args.regime, batch_size=args.batch_size, epochs=args.epochs,
-                omega_events=args.omega_events, force=args.force, device=args.device)
+                omega_events=args.omega_events, force=args.force, device=args.device,
+                max_events=args.max_events, offline_reference=args.offline_reference)
             try:
                 with out.sample_progress(f"{args.method} {args.dataset}/{args.ordering}") as (
                         on_start, on_progress):

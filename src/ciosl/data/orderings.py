@@ -15,7 +15,10 @@ the rest arrive, and the testing events:
 
 Testing events: class orderings test after base init and after each class step on the classes
 seen so far; iid / instance test at the same number of evenly spaced stream positions (the
-first right after base init, the last at the end) on all classes.
+first right after base init, the last at the end) on all classes. ``max_events=N`` (a long
+stream of many classes: 100,000 classes in steps of 2 would be 50,000 events) keeps at most N
+of them, evenly spaced over the events (class orderings: over the class steps, the base event
+and the last step always kept); the stream itself does not change.
 """
 
 from __future__ import annotations
@@ -75,6 +78,22 @@ def _even_events(n_stream: int, n_events: int) -> np.ndarray:
     return np.unique(np.linspace(0, n_stream, max(2, n_events)).round().astype(np.int64))
 
 
+def _pick_events(n_events: int, max_events: int | None) -> np.ndarray:
+    """Indices of at most ``max_events`` of ``n_events`` events, evenly spaced, the first and
+    the last included (all of them when ``max_events`` is None or not smaller)."""
+    if max_events is None or max_events >= n_events:
+        return np.arange(n_events)
+    return np.unique(np.linspace(0, n_events - 1, max_events).round().astype(np.int64))
+
+
+def _indices_of(labels: np.ndarray, classes: np.ndarray) -> dict[int, np.ndarray]:
+    """The ascending training indices of each class, in one sort (not one scan per class)."""
+    order = np.argsort(labels, kind="stable")
+    bounds = np.searchsorted(labels[order], classes, side="left")
+    ends = np.append(bounds[1:], len(order))
+    return {int(c): order[a:b] for c, a, b in zip(classes, bounds, ends, strict=True)}
+
+
 def _temporal(idx: np.ndarray, instances: np.ndarray, frames: np.ndarray) -> dict[int, np.ndarray]:
     """Indices of each instance, in temporal (frame) order."""
     out = {}
@@ -94,6 +113,7 @@ def make_ordering(
     instances: np.ndarray | None = None,
     frames: np.ndarray | None = None,
     chunk: int = 50,
+    max_events: int | None = None,
 ) -> Ordering:
     check_kind(kind)
     labels = np.asarray(labels)
@@ -102,6 +122,8 @@ def make_ordering(
         raise ValueError(f"ordering needs at least 2 training samples, got {n}")
     if classes_per_step < 1:
         raise ValueError(f"classes_per_step must be >= 1, got {classes_per_step}")
+    if max_events is not None and max_events < 2:
+        raise ValueError(f"--max-events must be >= 2 (base init and the end), got {max_events}")
     if kind in TEMPORAL and (instances is None or frames is None):
         raise ValueError(
             f"the {kind!r} ordering needs object-instance ids and frame indices; this dataset "
@@ -127,8 +149,9 @@ def make_ordering(
                 parts += round_parts
                 r += 1
             stream = np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
-        return Ordering(kind, seed, base, stream.astype(np.int64), _even_events(len(stream), T),
-                        None, tuple(int(c) for c in classes))
+        events = _even_events(len(stream), min(T, max_events or T))
+        return Ordering(kind, seed, base, stream.astype(np.int64), events, None,
+                        tuple(int(c) for c in classes))
 
     steps = _class_steps(classes, classes_per_step, rng)
     if len(steps) < 2:
@@ -136,9 +159,9 @@ def make_ordering(
             f"{kind}: {len(classes)} classes with {classes_per_step} per step leave no class "
             "for the stream"
         )
-    idx_of = {int(c): np.flatnonzero(labels == c) for c in classes}
+    idx_of = _indices_of(labels, classes)
     base = np.sort(np.concatenate([idx_of[int(c)] for c in steps[0]]))
-    parts, events, seen = [], [0], [tuple(int(c) for c in steps[0])]
+    parts, events, n_seen = [], [0], [len(steps[0])]
     pos = 0
     for step in steps[1:]:
         if kind == "class_iid":
@@ -152,10 +175,12 @@ def make_ordering(
         parts.append(block)
         pos += len(block)
         events.append(pos)
-        seen.append(seen[-1] + tuple(int(c) for c in step))
+        n_seen.append(n_seen[-1] + len(step))
     class_order = tuple(int(c) for s in steps for c in s)
+    kept = _pick_events(len(events), max_events)  # the classes seen at each kept event
+    seen = tuple(class_order[:n_seen[t]] for t in kept)
     return Ordering(kind, seed, base, np.concatenate(parts).astype(np.int64),
-                    np.asarray(events, dtype=np.int64), tuple(seen), class_order)
+                    np.asarray(events, dtype=np.int64)[kept], seen, class_order)
 
 
 def limit_per_class(labels: np.ndarray, n: int, *, instances: np.ndarray | None = None,

@@ -92,6 +92,8 @@ class ExperimentSpec:
     force: bool = False  # replace a result of another experiment at the same file name
     device: str | None = None  # auto | cpu | cuda (None: $CIOSL_DEVICE, else auto): extraction
     # and the offline reference (ciosl.data.runtime.resolve_device)
+    max_events: int | None = None  # at most this many testing events, evenly spaced (None: all)
+    offline_reference: bool = True  # False: no offline reference, hence no Omega_all
 
 
 MAX_RUNS = 10_000  # runs per cell: far beyond any protocol, and a bound on what is allocated
@@ -103,6 +105,7 @@ MAX_BATCH_SIZE = 100_000  # --batch-size
 MAX_BUFFER = 1_000_000  # --buffer: samples a replay memory may hold
 MAX_LIMIT_PER_CLASS = 10_000_000  # --limit-per-class
 MAX_CHECKPOINT_EVERY = 1_000_000_000  # --checkpoint-every (samples)
+MAX_EVENTS = 1_000_000  # --max-events
 
 
 def check_range(value: int | None, flag: str, low: int | None, high: int,
@@ -320,6 +323,10 @@ def protocol_slug(exp: ExperimentSpec, spec: DatasetSpec) -> str:
         items.append(("batch_size", str(exp.batch_size)))
     if exp.regime == "batch" and exp.epochs != default.epochs:
         items.append(("epochs", str(exp.epochs)))
+    if exp.max_events is not None:
+        items.append(("max_events", str(exp.max_events)))
+    if not exp.offline_reference:
+        items.append(("offline", "none"))
     if exp.weights is not None:
         weights = Path(exp.weights).expanduser()
         items.append(("weights", f"{_safe(weights.stem)}-{_digest(str(weights.resolve()))}"))
@@ -378,6 +385,13 @@ def validate(exp: ExperimentSpec) -> tuple[DatasetSpec, type[Learner], dict[str,
         raise ValueError("checkpoints live next to the result JSON: --checkpoint-every and "
                          "--resume need an output folder")
     check_omega_events(exp.omega_events)
+    check_range(exp.max_events, "--max-events", 2, MAX_EVENTS)  # base init and the end
+    if not isinstance(exp.offline_reference, bool):
+        raise ValueError(f"offline_reference must be true or false, got "
+                         f"{echo(exp.offline_reference)}")
+    if not exp.offline_reference and exp.offline_epochs is not None:
+        raise ValueError(f"--offline-epochs {exp.offline_epochs} and --no-offline: without an "
+                         "offline reference there are no offline epochs; give one of them")
     check_range(exp.limit_per_class, "--limit-per-class", 1, MAX_LIMIT_PER_CLASS)
     # lower bounds: the learner's (--buffer) and the regime's (--batch-size, --epochs)
     check_range(exp.buffer, "--buffer", None, MAX_BUFFER)
@@ -416,7 +430,7 @@ def stream_ordering(exp: ExperimentSpec, spec: DatasetSpec, fs: FeatureSet, seed
     """The base-init indices, stream and testing events of one run."""
     return make_ordering(exp.ordering, fs.train_y, seed=seed, base_fraction=spec.base_fraction,
                          classes_per_step=spec.classes_per_step, instances=fs.train_instance,
-                         frames=fs.train_frame)
+                         frames=fs.train_frame, max_events=exp.max_events)
 
 
 def offline_curve(fs: FeatureSet, ordering: Ordering, offline: OfflineSettings,
@@ -449,13 +463,16 @@ def run_seed(exp: ExperimentSpec, cls: type[Learner], settings: dict[str, Any], 
     offline reference and Omega_all. Shared by ``run_experiment`` and ``ciosl sweep``.
     ``accuracy`` / ``accuracy_offline`` hold every testing event, the base event (index 0)
     included; ``omega_all`` averages the events ``exp.omega_events`` names."""
-    if reference is None:  # cached: shared by every method
+    if not exp.offline_reference:  # --no-offline: accuracies only, no Omega_all
+        reference = None
+    elif reference is None:  # cached: shared by every method
         reference = offline_curve(fs, ordering, offline, cache_dir, exp.device)
     elif len(reference) != len(ordering.events):
         raise ValueError(f"an offline reference of {len(reference)} events for a stream of "
                          f"{len(ordering.events)}")
-    reference = [float(x) for x in reference]
-    check_reference(reference, ordering, exp.omega_events)  # before the stream, not after it
+    if reference is not None:
+        reference = [float(x) for x in reference]
+        check_reference(reference, ordering, exp.omega_events)  # before the stream, not after
     learner = cls(**settings, seed=ordering.seed)
     if hasattr(cls, "device"):  # trains like the reference, where the reference trains
         learner.device = resolve_device(exp.device)
@@ -468,11 +485,21 @@ def run_seed(exp: ExperimentSpec, cls: type[Learner], settings: dict[str, Any], 
         changed = {k: v for k, v in settings.items() if k in default and v != default[k]}
         shown = ", ".join(f"{k}={v}" for k, v in changed.items()) or "its defaults"
         raise MemoryError(out_of_memory(e, f" in method {cls.name!r} ({shown})")) from None
+    if reference is None:
+        run["omega_all"] = None  # no reference: the accuracies alone (see no_reference)
+        return run
     run["accuracy_offline"] = reference
     run["omega_all"] = omega_all(run["accuracy"], run["accuracy_offline"],
                                  events=exp.omega_events)
     run["omega_events"] = exp.omega_events
     return run
+
+
+def no_reference(result: dict) -> bool:
+    """Whether a result (or ``result_header``) was run without the offline reference
+    (``--no-offline``): it has accuracies but no ``accuracy_offline`` and no Omega_all."""
+    protocol = result.get("protocol")
+    return isinstance(protocol, dict) and protocol.get("offline_reference") is False
 
 
 def method_source(cls: type[Learner]) -> dict[str, str] | None:
@@ -516,7 +543,9 @@ def result_header(exp: ExperimentSpec, spec: DatasetSpec, cls: type[Learner],
         "settings": {**every, **settings, "seed": "per run"},
         "protocol": {"base_fraction": spec.base_fraction,
                      "classes_per_step": spec.classes_per_step,
-                     "offline": offline.__dict__},
+                     "offline": offline.__dict__,  # non-default options only (old results)
+                     **({"max_events": exp.max_events} if exp.max_events is not None else {}),
+                     **({"offline_reference": False} if not exp.offline_reference else {})},
     }
 
 
@@ -635,17 +664,21 @@ def aggregate(exp: ExperimentSpec, spec: DatasetSpec, cls: type[Learner],
     ``exp.omega_events`` (a run file of an older sweep may hold the other definition);
     ``omega_all.events`` names the definition. ``settings`` holds every setting of the
     method, its defaults included, so a report never has to guess what a run used."""
-    runs = [{**r, "omega_all": omega_all(r["accuracy"], r["accuracy_offline"],
-                                         events=exp.omega_events),
-             "omega_events": exp.omega_events,
+    ref = exp.offline_reference
+    runs = [{**r, **({"omega_all": omega_all(r["accuracy"], r["accuracy_offline"],
+                                             events=exp.omega_events),
+                      "omega_events": exp.omega_events} if ref else {"omega_all": None}),
              **continual_metrics(r.get("class_counts"), r.get("matrix_columns"))} for r in runs]
-    omega_mean, omega_std = mean_std([r["omega_all"] for r in runs])
+    omega = None  # --no-offline: no Omega_all, said as such (never a number)
+    if ref:
+        omega_mean, omega_std = mean_std([r["omega_all"] for r in runs])
+        omega = {"mean": omega_mean, "std": omega_std, "events": exp.omega_events}
     final_mean, final_std = mean_std([r["accuracy"][-1] for r in runs])
     result = {
         **result_header(exp, spec, cls, settings, fs, offline),
         "seeds": [int(s) for s in exp.seeds],
         "runs": runs,
-        "omega_all": {"mean": omega_mean, "std": omega_std, "events": exp.omega_events},
+        "omega_all": omega,
         "final_accuracy": {"mean": final_mean, "std": final_std},
         # continual-learning metrics (None when a run was recorded without per-class counts)
         "forgetting": summary([r["forgetting"] for r in runs]),
@@ -715,6 +748,8 @@ def _run_experiment(exp: ExperimentSpec, spec: DatasetSpec, cls: type[Learner],
         "seeds": [int(x) for x in exp.seeds], "settings": settings, "features": fs.key,
         "limit_per_class": exp.limit_per_class, "offline": offline.__dict__,
         "regime": regime_of(exp).__dict__,
+        **({"max_events": exp.max_events} if exp.max_events is not None else {}),
+        **({"offline_reference": False} if not exp.offline_reference else {}),
         **({"device": device} if (device := resolve_device(exp.device)) != "cpu" else {})})
     ckpt = None
     header = result_header(exp, spec, cls, settings, fs, offline)

@@ -30,6 +30,7 @@ class BlockMeans(Learner):
     """A learner whose statistics are exact per-class means, updated in blocks."""
 
     block: ClassVar[int] = 256  # samples buffered before one update of the statistics
+    draws_random = False  # no step draws a random number (Learner._draws_random)
 
     # ------------------------------------------------------------------ state
     def _init_state(self, dim: int) -> None:

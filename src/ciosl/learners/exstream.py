@@ -24,7 +24,11 @@ Design choices:
 - A class capacity of 1 has no pair to merge: z is merged into the single prototype instead.
 - Rebalancing: when a new class arrives the capacity drops to ``buffer // n_classes``; every
   older class buffer is shrunk to it by merging its nearest pairs (the freed slot removed) until
-  it fits. With more classes than ``buffer`` slots the capacity is 0 and a class keeps no
+  it fits. Only the classes over the new capacity are visited (an index of the classes by
+  their number of prototypes, a cache like the distances): the merges are amortised O(1) per
+  sample (each removes a prototype a sample added), so a new class costs what its merges cost,
+  not a pass over every class; the classes are independent, so the result is the same as
+  visiting them all in order. With more classes than ``buffer`` slots the capacity is 0 and a class keeps no
   prototypes (degenerate; the count invariant then no longer holds).
 - Replay: N1' prototypes drawn uniformly without replacement from all stored prototypes (all
   if fewer), drawn before z is stored, so z is never in its own replay batch. The loss weights
@@ -101,6 +105,43 @@ class ExStream(FineTune):
         self.protos: list[torch.Tensor] = []  # per class (n_c, d)
         self.counts: list[torch.Tensor] = []  # per class (n_c,) int64, samples summarised
         self._dist: list[torch.Tensor | None] = []  # per class (n_c, n_c) cache, or None
+        self._by_size: dict[int, set[int]] | None = None  # n_c -> classes (cache: _sizes)
+
+    def _sizes(self) -> dict[int, set[int]]:
+        """The classes holding each number of prototypes > 0 (built once, then kept up to date
+        by ``_resized``; dropped on rollback and load)."""
+        if self._by_size is None:
+            self._by_size = {}
+            for c, P in enumerate(self.protos):
+                if len(P):
+                    self._by_size.setdefault(len(P), set()).add(c)
+        return self._by_size
+
+    def _resized(self, c: int, old: int) -> None:
+        """Class c went from ``old`` prototypes to ``len(self.protos[c])``."""
+        by, new = self._by_size, len(self.protos[c])
+        if by is None or new == old:
+            return
+        self._held = None
+        if old:
+            by[old].discard(c)
+            if not by[old]:
+                del by[old]
+        if new:
+            by.setdefault(new, set()).add(c)
+
+    def _holding(self) -> tuple[np.ndarray, np.ndarray]:
+        """The classes holding prototypes, ascending, and how many each (cached until a size
+        changes): the replay draw's table, without a pass over every class per step."""
+        if getattr(self, "_held", None) is None or self._by_size is None:
+            pairs = sorted((c, n) for n, cs in self._sizes().items() for c in cs)
+            self._held = (np.array([c for c, _ in pairs], dtype=np.int64),
+                          np.array([n for _, n in pairs], dtype=np.int64))
+        return self._held
+
+    def _over(self, limit: int) -> list[int]:
+        """The classes holding more than ``limit`` prototypes, in ascending order."""
+        return sorted(c for n, cs in self._sizes().items() if n > limit for c in cs)
 
     def class_capacity(self) -> int:
         return self.buffer // max(len(self.protos), 1)
@@ -113,8 +154,9 @@ class ExStream(FineTune):
         self.protos.append(torch.zeros(0, self.dim_))
         self.counts.append(torch.zeros(0, dtype=torch.int64))
         self._dist.append(None)
-        for c in range(len(self.protos) - 1):
-            self._shrink(c, self.class_capacity())
+        cap = self.class_capacity()
+        for c in self._over(max(cap, 1) if cap else 0):  # the others already fit
+            self._shrink(c, cap)
 
     def _undo_record(self, yi: np.ndarray) -> dict[str, Any]:
         """The lists by reference, and the values of the classes a step may change in place:
@@ -123,9 +165,9 @@ class ExStream(FineTune):
         K = len(self.protos)
         touched = {int(c) for c in yi if c < K}
         n_new = len({int(c) for c in yi if c >= K})
-        if n_new:
-            cap = self.buffer // (K + n_new)
-            touched |= {c for c in range(K) if len(self.protos[c]) > max(cap, 1) or cap == 0}
+        if n_new:  # merged in place: the classes over the smaller share (emptied ones are
+            # replaced, not written: kept by reference)
+            touched |= set(self._over(max(self.buffer // (K + n_new), 1)))
         saved = [(c, self.protos[c], self.protos[c].clone(), self.counts[c],
                   self.counts[c].clone(), self._dist[c],
                   None if self._dist[c] is None else self._dist[c].clone()) for c in touched]
@@ -135,6 +177,7 @@ class ExStream(FineTune):
     def _undo(self, record: dict[str, Any], n_classes: int) -> None:
         super()._undo(record, n_classes)
         self.protos, self.counts, self._dist = (list(v) for v in record["lists"])
+        self._by_size = None  # rebuilt when next needed
         for c, P, P0, n, n0, D, D0 in record["classes"]:
             P.copy_(P0)
             n.copy_(n0)
@@ -151,6 +194,7 @@ class ExStream(FineTune):
         self.protos = [P.clone() for P in state["protos"]]
         self.counts = [n.clone() for n in state["counts"]]
         self._dist = [None] * len(self.protos)
+        self._by_size = None
 
     # ------------------------------------------------------------------ prototypes
     def _pair(self, c: int) -> tuple[int, int]:
@@ -174,6 +218,7 @@ class ExStream(FineTune):
 
     def _shrink(self, c: int, cap: int) -> None:
         """Merge nearest pairs of class c until it holds at most ``cap`` prototypes."""
+        old = len(self.protos[c])
         while len(self.protos[c]) > max(cap, 1):
             i, j = self._pair(c)
             self._merge(c, i, j)
@@ -184,6 +229,7 @@ class ExStream(FineTune):
         if cap == 0:
             self.protos[c], self.counts[c] = self.protos[c][:0], self.counts[c][:0]
             self._dist[c] = None
+        self._resized(c, old)
 
     def _insert(self, x: torch.Tensor, c: int) -> None:
         """Store sample x (d,) of class c (see the module docstring)."""
@@ -194,6 +240,7 @@ class ExStream(FineTune):
             self.protos[c] = torch.cat([P, x[None]])  # (n_c + 1, d)
             self.counts[c] = torch.cat([n, torch.ones(1, dtype=torch.int64)])
             self._dist[c] = None  # distances are needed only once the class is full
+            self._resized(c, len(P))
         elif cap == 1:
             P[0] = (float(n[0]) * P[0] + x) / (float(n[0]) + 1.0)
             n[0] += 1
@@ -205,14 +252,15 @@ class ExStream(FineTune):
 
     def _replay(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(min(n_replay, stored),) prototypes drawn uniformly: X (r, d), Y (r,)."""
-        sizes = np.array([len(P) for P in self.protos])  # (n_classes,)
+        held, sizes = self._holding()  # (h,) classes holding prototypes, (h,) how many: the
+        # empty classes take no draw, so the draws are those over every class in order
         k = min(self.n_replay, int(sizes.sum()))
         if k == 0:
             return torch.zeros(0, self.dim_), torch.zeros(0, dtype=torch.int64)
         flat = self.rng.choice(int(sizes.sum()), size=k, replace=False)  # (r,)
         ends = np.cumsum(sizes)
-        cls = np.searchsorted(ends, flat, side="right")  # (r,) class of each draw
-        rows = flat - (ends[cls] - sizes[cls])  # (r,) row inside that class
+        at = np.searchsorted(ends, flat, side="right")  # (r,) position in held of each draw
+        cls, rows = held[at], flat - (ends[at] - sizes[at])  # (r,) class, row inside it
         X = torch.stack([self.protos[c][i] for c, i in zip(cls.tolist(), rows.tolist(),
                                                           strict=True)])
         return X, torch.from_numpy(cls.astype(np.int64))

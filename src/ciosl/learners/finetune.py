@@ -64,7 +64,8 @@ class FineTune(Learner):
     def _init_state(self, dim: int) -> None:
         self.net = MLP(dim, 0, HIDDEN, generator=self.torch_rng)  # output grows per class
         self.opt = SGD(self.net.params, lr=self.lr, momentum=self.momentum,
-                       weight_decay=self.weight_decay, max_grad_norm=self.max_grad_norm)
+                       weight_decay=self.weight_decay, max_grad_norm=self.max_grad_norm,
+                       net=self.net)
 
     def _add_class(self) -> None:
         self.net.grow(1, self.torch_rng)
@@ -101,20 +102,28 @@ class FineTune(Learner):
 
     def _grows_first(self, yi: np.ndarray) -> bool:
         """True if the call's first sample brings a new class: the output layer (and its
-        momentum buffer) is then replaced by a grown one before any step, and the old tensors
-        are never written again (kept by reference, no copy)."""
+        momentum) grows in place before any step (``pingpong``: rows appended after the live
+        ones, no copy), and the call's first step writes the layer's new values into the other
+        buffers (``SGD.guard``), so the rows as they were stay untouched (kept by reference)."""
         return bool(len(yi)) and int(yi[0]) >= len(self.classes_)
 
     def _undo_record(self, yi: np.ndarray) -> dict[str, Any]:
         """A step moves every parameter and momentum buffer in place: their values (the head,
         not the learner's memory), but for the output layer when it is about to grow."""
+        grows = self._grows_first(yi)
+        self.net.out_rows()  # adopted now (after a load), before the references are kept
+        rows = [keep(pp) for pp in self.opt.pingpongs()]
         net, opt = keep(self.net), keep(self.opt)
-        n = len(self.net.params) - (2 if self._grows_first(yi) else 0)
-        return {"net": net, "opt": opt,
+        n = len(self.net.params) - (2 if grows else 0)
+        if grows:
+            self.opt.guard()
+        return {"net": net, "opt": opt, "rows": rows,
                 "values": [(t, t.detach().clone()) for t in self.net.params[:n]]
                 + [(b, b.clone()) for b in self.opt.buffers[:n] if b is not None]}
 
     def _undo(self, record: dict[str, Any], n_classes: int) -> None:
+        for pp in record["rows"]:
+            restore(pp)
         restore(record["net"])
         restore(record["opt"])
         with torch.no_grad():

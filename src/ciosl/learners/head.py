@@ -22,6 +22,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ciosl.learners.pingpong import PingPong
+
 HIDDEN = (256, 256)
 
 
@@ -41,6 +43,7 @@ class MLP:
         self.params += self._layer(sizes[-1], n_out, generator)
         for p in self.params:
             p.requires_grad_(True)
+        self.out: tuple[PingPong, PingPong] | None = None  # the output layer's rows (grow)
 
     @staticmethod
     def _layer(fan_in: int, fan_out: int, gen: torch.Generator) -> list[torch.Tensor]:
@@ -63,12 +66,23 @@ class MLP:
 
     __call__ = forward
 
+    def out_rows(self) -> tuple[PingPong, PingPong]:
+        """The output layer's weights and bias as growing rows (``pingpong``), adopted from
+        the parameters when they were loaded, moved or replaced since."""
+        out = self.out
+        if out is None or not (out[0].holds(self.params[-2]) and out[1].holds(self.params[-1])):
+            out = self.out = (PingPong(self.params[-2], grad=True),
+                              PingPong(self.params[-1], grad=True))
+            self.params[-2], self.params[-1] = out[0].live, out[1].live
+        return out
+
     def grow(self, n_new: int, generator: torch.Generator) -> None:
-        """Add ``n_new`` output units; existing weights are untouched."""
-        W, b = self.params[-2], self.params[-1]
+        """Add ``n_new`` output units (torch.nn.Linear's init); existing weights are untouched
+        and not copied (capacity doubling)."""
+        W = self.params[-2]
         Wn, bn = self._layer(W.shape[1], n_new, generator)
-        self.params[-2] = torch.cat([W.detach(), Wn]).requires_grad_(True)
-        self.params[-1] = torch.cat([b.detach(), bn]).requires_grad_(True)
+        out = self.out_rows()
+        self.params[-2], self.params[-1] = out[0].grow(Wn), out[1].grow(bn)
 
     def state(self) -> list[torch.Tensor]:
         return [p.detach().clone() for p in self.params]
@@ -138,10 +152,15 @@ class SGD:
     """
 
     def __init__(self, params: list[torch.Tensor], *, lr: float, momentum: float,
-                 weight_decay: float, max_grad_norm: float = math.inf):
+                 weight_decay: float, max_grad_norm: float = math.inf, net: MLP | None = None):
         self.lr, self.momentum, self.weight_decay = lr, momentum, weight_decay
         self.max_grad_norm = max_grad_norm
         self.buffers: list[torch.Tensor | None] = [None] * len(params)
+        # ``net``: the MLP whose output layer grows by rows (``MLP.out_rows``): its momentum
+        # grows so too, and a guarded step writes both out of place (``guard``)
+        self.net = net
+        self.rows: dict[int, PingPong] = {}  # momentum rows of the output layer, by index
+        self._guarded: tuple[int, ...] = ()
 
     @torch.no_grad()
     def clip(self, params: list[torch.Tensor]) -> None:
@@ -150,15 +169,61 @@ class SGD:
         if math.isfinite(self.max_grad_norm):
             clip_grad_norm_([p.grad for p in params], self.max_grad_norm)
 
+    def guard(self) -> None:
+        """The next step leaves the output layer's rows and momentum as they were before it
+        (it writes their new values into the other buffers, ``pingpong``): a call that grew
+        the layer is undone by putting back references, with no copy."""
+        net = self.net
+        if net is None:
+            return
+        out = net.out_rows()
+        for pp in out:
+            pp.guard()
+        self._guarded = (len(net.params) - 2, len(net.params) - 1)
+
+    def pingpongs(self) -> list[PingPong]:
+        """Every growing-rows object of the step (the net's output layer, the momentum)."""
+        net = self.net
+        return [*(net.out or ()), *self.rows.values()] if net is not None else []
+
+    def _rows_step(self, params: list[torch.Tensor], i: int, d: torch.Tensor) -> None:
+        """The output layer's step (``step``'s arithmetic) on growing rows, out of place when
+        guarded: buf = m buf + d into the momentum's target, p - lr buf into the layer's."""
+        p, pp = params[i], self.net.out[i - len(params) + 2]
+        mp = self.rows.get(i)
+        if mp is None or not mp.holds(self.buffers[i]):
+            buf = self.buffers[i]
+            mp = self.rows[i] = PingPong(buf if buf is not None and buf.shape[1:] == p.shape[1:]
+                                         else p.new_zeros((0, *p.shape[1:])))
+        if mp.n < len(p):  # new classes: zero momentum rows, as _fit pads
+            mp.grow(p.new_zeros((len(p) - mp.n, *p.shape[1:])))
+        if i in self._guarded:
+            mp.guard()
+            self._guarded = tuple(j for j in self._guarded if j != i)
+        old, new = mp.target()
+        torch.mul(old, self.momentum, out=new)
+        new.add_(d)
+        buf = self.buffers[i] = mp.commit()
+        old, new = pp.target()
+        torch.sub(old, buf, alpha=self.lr, out=new)
+        p.grad = None
+        params[i] = pp.commit()
+
     @torch.no_grad()
     def step(self, params: list[torch.Tensor]) -> None:
         self.clip(params)
+        net = self.net
+        rows = net is not None and params is net.params and net.out is not None and all(
+            pp.holds(t) for pp, t in zip(net.out, params[-2:], strict=True))
         for i, p in enumerate(params):
             if p.grad is None:
                 continue
             d = p.grad
             if self.weight_decay:
                 d = d.add(p, alpha=self.weight_decay)
+            if rows and i >= len(params) - 2:
+                self._rows_step(params, i, d)
+                continue
             buf = self.buffers[i]
             if buf is None or buf.shape != p.shape:
                 buf = self._fit(buf, p.shape, p.device)  # first step: 0 * m + d == d, as torch does

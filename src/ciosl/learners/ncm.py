@@ -49,11 +49,19 @@ class NCM(BlockMeans):
             raise ValueError(f"{self.name}: temperature must be > 0, got {self.temperature}")
 
     _fit_base = BlockMeans._append
+    draws_random = False  # no step draws a random number (Learner._draws_random)
+
+    def _changed(self, cov: bool) -> None:
+        super()._changed(cov)
+        self._sq: torch.Tensor | None = None  # ||mu_k||^2, kept between predictions
 
     def _predict_proba(self, Z: np.ndarray) -> np.ndarray:
         mu = self.mu  # (K, d), waiting rows included
+        if self._sq is None:  # once per state, not once per row chunk of an evaluation
+            self._sq = (mu**2).sum(1)  # (K,)
         Z64 = torch.from_numpy(Z).double()  # (n, d)
-        logits = (2 * Z64 @ mu.T - (mu**2).sum(1)) / self.temperature  # (n, K)
+        # (2 z.mu - ||mu||^2) / T in place: the same rounding, no (n, K) temporaries
+        logits = (Z64 @ mu.T).mul_(2).sub_(self._sq).div_(self.temperature)  # (n, K)
         return torch.softmax(logits, dim=1).numpy()
 
     def _state(self) -> dict[str, Any]:

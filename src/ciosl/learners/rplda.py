@@ -254,6 +254,7 @@ class RPLDA(Learner):
         self._append(z[None], np.array([yi]))
 
     _fit_base = _learn_batch = _append  # the same buffer: batches equal one-by-one updates
+    draws_random = False  # no step draws a random number (Learner._draws_random)
 
     # ------------------------------------------------------------------ statistics
     def _totals(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -151,6 +151,7 @@ class SLDA(BlockMeans):
         super()._undo(record, n_classes)
         self._invalidate(cov=True)
 
+    draws_random = False  # no step draws a random number (Learner._draws_random)
     def _fit_base(self, Z: np.ndarray, yi: np.ndarray) -> None:
         """The waiting rows are committed first (as stream samples), then the base set at
         once, its scatter included whatever ``streaming_update`` says."""
@@ -180,7 +181,7 @@ class SLDA(BlockMeans):
 
     def _predict_proba(self, Z: np.ndarray) -> np.ndarray:
         W, b = self._weights()
-        scores = torch.from_numpy(Z).double() @ W.T + b  # (n, K)
+        scores = (torch.from_numpy(Z).double() @ W.T).add_(b)  # (n, K), no temporary
         return torch.softmax(scores, dim=1).numpy()
 
     def _state(self) -> dict[str, Any]:

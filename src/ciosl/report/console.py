@@ -113,6 +113,16 @@ def omega_label(events: str | None) -> str:
 
 
 def print_run(run: dict) -> None:
+    if run.get("omega_all") is None and "accuracy_offline" not in run:  # --no-offline
+        table = Table(title=f"seed {run['seed']}: no offline reference (--no-offline), no "
+                      "Omega_all", title_justify="left")
+        for col in ("event", "stream position", "test samples", "accuracy %"):
+            table.add_column(col, justify="right")
+        for t, (pos, n, a) in enumerate(zip(run["events"], run["n_test"], run["accuracy"],
+                                            strict=True)):
+            table.add_row(str(t), str(pos), str(n), pct(a))
+        console.print(table)
+        return
     events = run.get("omega_events", "all")
     left_out = events == "after_base"
     table = Table(title=f"seed {run['seed']}: Omega_all = {run['omega_all']:.4f} "
@@ -148,8 +158,11 @@ def print_result(result: dict) -> None:
         f"{_safe(result['ordering'])} "
         f"({n} run{'s' * (n > 1)}, {extractor} features, d={result['feature_dim']}):"
     )
-    console.print(f"  Omega_all      = {pm(om['mean'], om['std'], n)} (over the "
-                  f"{omega_label(om.get('events'))})")
+    if om is None:
+        console.print("  Omega_all      = none (run without the offline reference: --no-offline)")
+    else:
+        console.print(f"  Omega_all      = {pm(om['mean'], om['std'], n)} (over the "
+                      f"{omega_label(om.get('events'))})")
     console.print(f"  final accuracy = {pm(100 * fa['mean'], 100 * fa['std'], n, 2)} %")
     for key, label in (("forgetting", "forgetting    "), ("backward_transfer", "BWT           ")):
         v = result.get(key)

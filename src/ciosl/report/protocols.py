@@ -97,7 +97,8 @@ def separate_protocols(entries: list[Entry]) -> None:
         for e, it in zip(group, items, strict=True):
             shown = {k: it.get(k, NOT_RECORDED) for k in varying}
             if default is not None:
-                shown.update({k: v for k, v in it.items() if k in default and default[k] != v})
+                # a departure from the dataset's protocol, or an option it has not (max_events)
+                shown.update({k: v for k, v in it.items() if default.get(k, ...) != v})
             if mixed and not it:
                 shown = {"protocol": NOT_RECORDED}
             regime = regime_items(e.data)

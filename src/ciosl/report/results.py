@@ -896,6 +896,7 @@ def load_entries(folder: str | Path, *, omega_events: str = "after_base",
     other way while it is checked or classified are left out, each with (path, reason)
     appended to ``left_out``: one bad file never takes the report down."""
     from ciosl.evaluation.metrics import check_omega_events
+    from ciosl.report.unreferenced import unreferenced_reason
 
     check_omega_events(omega_events)
     folder = Path(folder)
@@ -913,6 +914,10 @@ def load_entries(folder: str | Path, *, omega_events: str = "after_base",
         if not looks_like_result(data):
             continue
         try:
+            apart = unreferenced_reason(data)  # --no-offline: named, never in a column
+            if apart is not None:
+                skipped.append((path, apart))
+                continue
             problem = result_problem(data)
             if problem is not None:
                 skipped.append((path, f"malformed result: {problem}"))
