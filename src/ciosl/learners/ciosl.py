@@ -55,6 +55,12 @@ Design choices (each one a reading of the paper, made explicit):
 - Prediction (``prediction``): ``"mean"`` weights, or ``"mc"``: the mean of ``mc_samples``
   softmaxes under shared weight samples drawn from a generator seeded by (seed, n_seen), so
   predicting consumes none of the training randomness and is repeatable.
+- ``precision_floor = "prior"``: the posterior precision never falls below the prior's, the
+  last refreshed snapshot of the posterior (``bnn.BayesMLP.precision``). The Fisher is an
+  exponential average over ~1000 updates; as the model grows confident the curvature each
+  sample brings falls, and without the floor the precision fell back to the initial prior's
+  over a long stream: the means trained under the prior's noise, hidden units died and whole
+  classes were lost after 200k samples (docs/findings.md, "CIOSL over a long stream").
 - A non-finite loss raises FloatingPointError before the parameters or the memory move.
 - Switches beyond the paper, each defaulting to the paper's reading (docs/findings.md has their
   measurements): ``train_draws`` averages the likelihood and distillation gradients over that
