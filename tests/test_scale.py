@@ -10,9 +10,11 @@ import pytest
 import torch
 
 from ciosl.conformance import class_stream, fitted
-from ciosl.learners import available_methods, make_learner
+from ciosl.learners import available_methods, make_learner, rplda
+from ciosl.learners import slda as slda_module
 from ciosl.learners.base import Learner, digest
 from ciosl.learners.ncm import NCM
+from ciosl.learners.rplda import RPLDA
 from ciosl.learners.slda import SLDA
 
 
@@ -294,3 +296,50 @@ def test_rng_snapshot_is_skipped_only_for_learners_that_draw_nothing():
     with pytest.raises(RuntimeError, match="injected"):
         learner.learn_one(Z[2], 5)
     assert learner.rng.bit_generator.state == before
+
+
+class SmallBlockRPLDA(RPLDA):
+    name = ""
+    block = 6
+
+
+@pytest.mark.parametrize("cls, fail", [
+    (SmallBlockNCM, "fold"), (SmallBlockSLDA, "gram"), (SmallBlockSLDA, "fold"),
+    (SmallBlockRPLDA, "gram")])
+@pytest.mark.parametrize("first", [True, False])
+def test_a_known_class_sample_whose_block_commit_fails_leaves_the_learner_as_before(
+        cls, fail, first, monkeypatch):
+    """A known-class ``learn_one`` keeps no undo record (that would be a copy per sample); the
+    commit of a full block it triggers computes and allocates everything before it moves a
+    statistic. A failure there (injected where the commit allocates its last temporaries or
+    adds the block's rows) leaves the learner bit for bit as before, and it learns on as a twin
+    that never failed. ``first``: the failing commit is the learner's first (RP-LDA fixes its
+    shift there) or a later one."""
+    rng = np.random.default_rng(0)
+    Z = rng.normal(size=(40, 5)).astype(np.float32)
+    y = np.arange(40) % 3
+    learner, twin = cls(proj_dim=16) if cls is SmallBlockRPLDA else cls(), None
+    twin = copy.deepcopy(learner)
+    start = cls.block - 1 if first else 3 * cls.block - 1  # a full block after one more sample
+    for a in (learner, twin):
+        for i in range(start):
+            a.learn_one(Z[i], int(y[i]))
+    assert learner.n_pending == cls.block - 1 and int(y[start]) in learner.classes_
+    before = digest(learner.state_dict())
+
+    def boom(*args, **kwargs):
+        raise MemoryError("injected")
+    if fail == "fold":
+        monkeypatch.setattr(learner, "_fold", boom)
+    else:
+        monkeypatch.setattr(rplda, "add_gram_", boom)
+        monkeypatch.setattr(slda_module, "add_gram_", boom)
+    with pytest.raises(MemoryError, match="injected"):
+        learner.learn_one(Z[start], int(y[start]))
+    monkeypatch.undo()
+    assert digest(learner.state_dict()) == before
+    for i in range(start, len(y)):
+        learner.learn_one(Z[i], int(y[i]))
+        twin.learn_one(Z[i], int(y[i]))
+    assert digest(learner.state_dict()) == digest(twin.state_dict())
+    np.testing.assert_array_equal(learner.predict_proba(Z), twin.predict_proba(Z))

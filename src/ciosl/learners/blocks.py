@@ -88,11 +88,15 @@ class BlockMeans(Learner):
     def _learn_one(self, z: np.ndarray, yi: int) -> None:
         p = self.n_pending
         pz, py = self._pending_np
-        pz[p], py[p] = z, yi
-        self.n_pending = p + 1
-        if self.n_pending == self.block:
+        pz[p], py[p] = z, yi  # beyond the waiting rows: nothing counts it until n_pending does
+        if p + 1 == self.block:
+            # a known class keeps no undo record (no copy per sample): the commit computes
+            # and allocates everything before it moves anything, so if it raises, the sample
+            # is simply not counted
             self._commit(self.pending_z, self.pending_y)
             self.n_pending = 0
+        else:
+            self.n_pending = p + 1
         self._changed(cov=True)
 
     def _append(self, Z: np.ndarray, yi: np.ndarray) -> None:
@@ -125,19 +129,29 @@ class BlockMeans(Learner):
         return Z64, u, inv, m, nu / m[:, None]
 
     @staticmethod
-    def _merge(mu: torch.Tensor, n: torch.Tensor, u: torch.Tensor, m: torch.Tensor,
-               nu: torch.Tensor) -> None:
-        """Exact means: rows u of mu (K, d) and n (K,) take m samples of means nu, in place."""
+    def _merged(mu: torch.Tensor, n: torch.Tensor, u: torch.Tensor, m: torch.Tensor,
+                nu: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Exact means: rows u of mu (K, d) and n (K,) after m samples of means nu, new
+        tensors (u, d), (u,)."""
         n0 = n[u]
-        mu[u] = mu[u] + (nu - mu[u]) * (m.double() / (n0 + m).double())[:, None]
-        n[u] = n0 + m
+        return mu[u] + (nu - mu[u]) * (m.double() / (n0 + m).double())[:, None], n0 + m
+
+    @classmethod
+    def _merge(cls, mu: torch.Tensor, n: torch.Tensor, u: torch.Tensor, m: torch.Tensor,
+               nu: torch.Tensor) -> None:
+        """``_merged``, in place."""
+        mu[u], n[u] = cls._merged(mu, n, u, m, nu)
 
     def _commit(self, Z: torch.Tensor, y: torch.Tensor) -> None:
-        """Fold rows Z (b, d) of classes y (b,) into the committed statistics."""
+        """Fold rows Z (b, d) of classes y (b,) into the committed statistics. Everything is
+        computed and allocated before the first statistic moves (``_fold`` allocates before
+        it adds in place), so a failure leaves them as they were."""
         Z64, u, inv, m, nu = self._group(Z, y)
         self._save_before_commit(u)
-        self._fold(Z64, u, inv, m, nu, self._mu.view, self._n.view)
-        self._merge(self._mu.view, self._n.view, u, m, nu)
+        mu, n = self._mu.view, self._n.view
+        mu_u, n_u = self._merged(mu, n, u, m, nu)  # (u, d), (u,)
+        self._fold(Z64, u, inv, m, nu, mu, n)
+        mu[u], n[u] = mu_u, n_u
 
     def _fold(self, Z64, u, inv, m, nu, mu, n) -> None:
         """What a block adds besides the means (SLDA: the scatter), before the means move."""

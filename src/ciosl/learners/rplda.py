@@ -239,15 +239,20 @@ class RPLDA(Learner):
         self._Wb = None
 
     def _commit(self, Z: torch.Tensor, y: torch.Tensor) -> None:
+        """Fold rows Z (b, d) of classes y (b,) into the moments. Everything is computed and
+        allocated before the first statistic moves, so a failure leaves them as they were
+        (a known-class ``learn_one`` keeps no undo record)."""
         self._save_before_commit(y)
         H = self._project(Z)  # (b, D)
-        if self.n_committed == 0:
-            self.shift = H.mean(0)
-            self.m2 = H.new_zeros(len(self.shift), len(self.shift))
-        H -= self.shift
-        add_gram_(self.m2, H)
+        first = self.n_committed == 0
+        shift = H.mean(0) if first else self.shift  # (D,)
+        m2 = H.new_zeros(len(shift), len(shift)) if first else self.m2  # (D, D)
+        H -= shift
+        per_class = torch.bincount(y, minlength=len(self.counts))  # (K,)
+        add_gram_(m2, H)
+        self.shift, self.m2 = shift, m2
         self.sums.index_add_(0, y, H)
-        self.counts.add_(torch.bincount(y, minlength=len(self.counts)))
+        self.counts.add_(per_class)
         self.n_committed += len(y)
 
     def _learn_one(self, z: np.ndarray, yi: int) -> None:
