@@ -319,3 +319,36 @@ def test_features_file_shows_precomputed_features_not_none(tmp_path, capsys):
     assert main(["features", "--dataset", f"features:{path}", "--cache", str(tmp_path)]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "precomputed features" in out and "none" not in out.split("cache key")[0]
+
+
+@pytest.mark.parametrize("width", [80, 100, 250])
+def test_listings_cut_no_name_or_setting_at_any_width(width, monkeypatch):
+    """`ciosl datasets` and `ciosl methods [NAME]` without a terminal or in 80 columns: a table
+    that cannot hold every word whole becomes a plain listing, one entry per line, so no
+    dataset, method or setting name is folded across lines ("fashio / n-mnis / t")."""
+    import io
+    import re
+
+    from rich.console import Console
+
+    from ciosl.data.datasets import DATASETS
+    from ciosl.learners import available_methods
+    from ciosl.report import console as con
+
+    def printed(argv, until: str | None = None) -> set[str]:
+        out = io.StringIO()
+        monkeypatch.setattr(con, "console", Console(file=out, width=width))
+        assert main(argv) == 0
+        text = out.getvalue()
+        return set(re.findall(r"[\w\-./]+", text[:text.index(until)] if until else text))
+
+    words = printed(["datasets"], until="base init / offline:")  # the table, not the notes
+    assert set(DATASETS) <= words, set(DATASETS) - words
+    methods = available_methods()
+    words = printed(["methods"])
+    settings = {s.name for cls in methods.values() for s in cls.settings() if s.name != "seed"}
+    assert set(methods) | settings <= words, (set(methods) | settings) - words
+    for name in ("ciosl", "slda", "rp_lda"):
+        words = printed(["methods", name])
+        names = {s.name for s in methods[name].settings() if s.name != "seed"}
+        assert names <= words, names - words

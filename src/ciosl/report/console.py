@@ -7,6 +7,7 @@ from contextlib import contextmanager
 
 from rich.console import Console
 from rich.markup import escape
+from rich.measure import Measurement
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -175,6 +176,18 @@ def print_result(result: dict) -> None:
         console.print(f"  written to {_safe(result['path'])}")
 
 
+def _table_or_lines(table: Table, title: str, lines: list[str]) -> None:
+    """The table if it fits the console's width with no word cut (its minimum width: each
+    column as wide as its longest word), else a plain listing: the title, then one entry per
+    line, nothing cut (rich would fold names like "fashion-mnist" across lines)."""
+    if Measurement.get(console, console.options.update_width(10**6), table).minimum <= console.width:
+        console.print(table)
+        return
+    console.print(title, highlight=False, soft_wrap=True)
+    for line in lines:
+        console.print(line, highlight=False, soft_wrap=True)
+
+
 def print_datasets(rows) -> None:
     table = Table(title="datasets", title_justify="left")
     for col in ("name", "present", "orderings", "base", "classes/step", "buffer", "extractor",
@@ -186,7 +199,12 @@ def print_datasets(rows) -> None:
                       str(spec.classes_per_step), str(spec.buffer), spec.default_extractor,
                       f"{spec.base_epochs} x {spec.base_batch_size}",
                       f"{spec.offline_epochs} x {spec.offline_batch_size}")
-    console.print(table)
+    _table_or_lines(table, "datasets", [
+        f"[bold]{spec.name}[/]: present {'[green]yes[/]' if present else '[red]no[/]'}, "
+        f"orderings {' '.join(spec.orderings)}, base {spec.base_fraction:g}, classes/step "
+        f"{spec.classes_per_step}, buffer {spec.buffer}, extractor {spec.default_extractor}, "
+        f"base init {spec.base_epochs} x {spec.base_batch_size}, offline "
+        f"{spec.offline_epochs} x {spec.offline_batch_size}" for spec, present, _ in rows])
     console.print("base init / offline: epochs x batch size of every learner's base training "
                   "and of the offline reference learner")
     console.print("extractors: pixels and efficientnet_lite0 (ImageNet weights installed with "
@@ -206,27 +224,35 @@ def print_methods(methods, detailed: bool = False) -> None:
                       "meanings of one)", title_justify="left")
         for col in ("method", "what", "settings (--set NAME=VALUE)"):
             table.add_column(col, overflow="fold")
+        lines = []
         for name, cls in methods.items():
             flag = " [red](violates single pass)[/]" if cls.violates_single_pass else ""
-            table.add_row(f"[bold]{name}[/]", cls.description + flag,
-                          ", ".join(s.name for s in cls.settings() if s.name != "seed"))
-        console.print(table)
+            settings = ", ".join(s.name for s in cls.settings() if s.name != "seed")
+            table.add_row(f"[bold]{name}[/]", cls.description + flag, settings)
+            lines.append(f"[bold]{name}[/]: {cls.description}{flag}; settings: {settings}")
+        _table_or_lines(table, "methods (`ciosl methods NAME` for the settings, defaults and "
+                        "meanings of one; --set NAME=VALUE)", lines)
         return
     table = Table(title="methods (set with --set NAME=VALUE)", title_justify="left")
     for col in ("method", "setting", "default", "meaning"):
         table.add_column(col, overflow="fold")
+    lines = []
     for name, cls in methods.items():
         flag = " [red](violates single pass)[/]" if cls.violates_single_pass else ""
         table.add_row(f"[bold]{name}[/]{flag}", "", "", cls.description, end_section=False)
+        lines.append(f"[bold]{name}[/]{flag}: {cls.description}")
         if set(cls.regimes) != {"streaming", "online", "batch"}:
             table.add_row("", "regimes", ", ".join(cls.regimes),
                           f"not the others: {cls.regime_note}", end_section=False)
+            lines.append(f"  regimes = {', '.join(cls.regimes)}: not the others: "
+                         f"{cls.regime_note}")
         settings = [s for s in cls.settings() if s.name != "seed"]
         for i, s in enumerate(settings):
             choices = f" (one of {', '.join(map(str, s.choices))})" if s.choices else ""
             table.add_row("", s.name, repr(s.default), s.help + choices,
                           end_section=i == len(settings) - 1)
-    console.print(table)
+            lines.append(f"  {s.name} = {s.default!r}: {s.help}{choices}")
+    _table_or_lines(table, "methods (set with --set NAME=VALUE)", lines)
 
 
 def extractor_text(extractor: str | None) -> str:
