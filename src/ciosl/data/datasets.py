@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from ciosl.checks import bad_feature
 from ciosl.data.archive import check_zip, load_npz
 from ciosl.data.download import download_url, extract_tar, mirror_urls
 from ciosl.data.instances import make_instance_dataset
@@ -29,7 +30,6 @@ from ciosl.data.types import ArrayImages, DatasetSpec, RawDataset
 from ciosl.data.video import make_video_dataset
 from ciosl.errors import echo
 from ciosl.fileio import kind_of
-from ciosl.learners.base import bad_feature
 
 FEATURES_PREFIX = "features:"
 IMAGE_EXTENSIONS = {".jpeg", ".jpg", ".png", ".ppm", ".pgm", ".bmp", ".tif", ".tiff"}

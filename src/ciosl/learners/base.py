@@ -35,6 +35,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from ciosl.checks import MAX_FEATURE, bad_feature  # noqa: F401 (MAX_FEATURE: public here too)
 from ciosl.errors import LearnerError, echo, writing
 from ciosl.fileio import atomic_write_bytes
 
@@ -155,7 +156,6 @@ def make_learner(name: str, **settings: Any) -> Learner:
 
 
 SMALL_BATCH = 256  # predict_proba on fewer rows runs single-threaded too
-MAX_FEATURE = 1e12  # larger feature magnitudes are refused (see Learner._check_Z)
 
 
 @contextlib.contextmanager
@@ -410,26 +410,6 @@ def check_finite(setting: Setting, value: Any, prefix: str = "") -> None:
     if math.isnan(value) or (math.isinf(value) and not allows_inf(setting)):
         raise ValueError(f"{prefix}setting {setting.name!r} expects a finite number, got "
                          f"{setting.name}={echo(value)}")
-
-
-def bad_feature(Z: np.ndarray) -> tuple[int, str] | None:
-    """The first row of the real 2-d array ``Z`` holding a value a learner refuses, and what is
-    wrong with it (``"has NaN or infinite features"``, ``"has feature 3 = 1e+39, too large
-    ..."``), or None. Feature files use it too, to name the file and the row."""
-    if Z.size and Z.max() <= MAX_FEATURE and Z.min() >= -MAX_FEATURE:  # no temporary when all
-        return None  # is well (NaN fails it)
-    finite = np.isfinite(Z).all(axis=1)
-    big = ~(np.abs(np.where(np.isfinite(Z), Z, 0)) <= MAX_FEATURE).all(axis=1)
-    bad = ~finite | big
-    if not bad.any():
-        return None
-    row = int(np.argmax(bad))
-    if not finite[row]:
-        return row, "has NaN or infinite features"
-    col = int(np.argmax(np.abs(Z[row]) > MAX_FEATURE))
-    return row, (f"has feature {col} = {float(Z[row, col]):.3g}, beyond +-{MAX_FEATURE:.0e}: "
-                 "too large (its square overflows float32 arithmetic, and it would swamp every "
-                 "running mean for good); rescale the features")
 
 
 PROBA_TOLERANCE = 1e-3  # how far a row of probabilities may sum from 1
