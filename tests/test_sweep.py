@@ -455,7 +455,42 @@ def test_a_setting_added_later_keeps_the_runs_made_at_its_old_value(local_sweep,
     assert counts == {"ncm": len(grid.seeds), "tinyer": len(grid.seeds) if reused else 0}
     for info in prepare(grid):
         saved = json.loads(run_file(grid.out, info.cell, 0).read_text())["fingerprint"]
-        assert (saved in (info.fingerprint, info.legacy_fingerprint)) == (
+        assert (saved in (info.fingerprint, *info.legacy_fingerprints)) == (
+            reused or info.cell.method == "ncm")
+
+
+@pytest.mark.parametrize("second, reused", [("old2", True), ("new2", False)])
+def test_runs_saved_between_two_added_settings_are_kept(local_sweep, monkeypatch, second,
+                                                        reused):
+    """Settings are added one after another: a run saved after the first existed and before
+    the second records the first and not the second. It counts when the cell runs the second
+    at its old value, whatever the first is (not only runs older than every added setting)."""
+    from ciosl.learners.base import Setting
+
+    grid, _ = local_sweep
+    first = [*TinyER.settings(), Setting("rule_a", "a0", str, "")]
+    monkeypatch.setattr(TinyER, "settings", classmethod(lambda cls: first))
+    monkeypatch.setattr(TinyER, "added_settings", {})
+    monkeypatch.setattr(TinyER, "rule_a", "a0", raising=False)
+    monkeypatch.setattr(TinyER, "new_rule", "x", raising=False)
+    # the runs of this "version" record rule_a (at "a0", the value older runs ran at)
+    for info in prepare(grid):
+        if info.cell.method == "tinyer":
+            for seed in grid.seeds:
+                path = run_file(grid.out, info.cell, seed)
+                saved = json.loads(path.read_text())
+                saved["fingerprint"] = info.fingerprint
+                saved["settings_fingerprint"] = info.settings_fingerprint
+                path.write_text(json.dumps(saved))
+    both = [*first, Setting("new_rule", second, str, "")]
+    monkeypatch.setattr(TinyER, "settings", classmethod(lambda cls: both))
+    monkeypatch.setattr(TinyER, "added_settings", {"rule_a": "a0", "new_rule": "old2"})
+    monkeypatch.setattr(TinyER, "new_rule", second, raising=False)
+    counts = {cell.method: len(done) for cell, done in plan(grid)}
+    assert counts == {"ncm": len(grid.seeds), "tinyer": len(grid.seeds) if reused else 0}
+    for info in prepare(grid):
+        saved = json.loads(run_file(grid.out, info.cell, 0).read_text())["fingerprint"]
+        assert (saved in (info.fingerprint, *info.legacy_fingerprints)) == (
             reused or info.cell.method == "ncm")
 
 

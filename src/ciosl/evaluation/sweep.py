@@ -100,7 +100,8 @@ class CellInfo:
     offline: OfflineSettings
     fingerprint: str
     settings_fingerprint: str  # all of the fingerprint but the features (``settings_fingerprint``)
-    legacy_fingerprint: str = ""  # a run saved before the learner's added_settings also counts
+    # runs saved before some of the learner's added_settings existed also count
+    legacy_fingerprints: tuple[str, ...] = ()
 
 
 @dataclass
@@ -164,18 +165,20 @@ def _regime_fields(exp: ExperimentSpec) -> dict[str, Any]:
 
 
 def settings_fingerprint(exp: ExperimentSpec, spec: DatasetSpec, cls: type[Learner],
-                         settings: dict[str, Any], *, legacy: bool = False) -> str:
+                         settings: dict[str, Any], *, legacy: int | None = None) -> str:
     """Everything that makes a run of this cell what it is, except the features: every setting
     as this code resolves it (a changed default is a changed cell), the offline reference's
-    recipe and the regime. Needs no data. ``legacy``: the fingerprint that a run saved before
-    the method's ``added_settings`` existed carries, when the cell runs each of them at the
-    value those runs ran at (the same runs; otherwise the ordinary fingerprint)."""
+    recipe and the regime. Needs no data. ``legacy = i``: the fingerprint that a run saved
+    before the method's ``added_settings[i:]`` existed carries (they are in the order they were
+    added), when the cell runs each of them at the value those runs ran at (the same runs;
+    otherwise the ordinary fingerprint)."""
     source = method_source(cls)  # only for a learner defined outside ciosl
     resolved = {**{st.name: st.default for st in cls.settings() if st.name != "seed"},
                 **settings}
-    if legacy:
+    if legacy is not None:
+        later = list(cls.added_settings)[legacy:]
         resolved = {k: v for k, v in resolved.items()
-                    if not (k in cls.added_settings and v == cls.added_settings[k])}
+                    if not (k in later and v == cls.added_settings[k])}
     return _fingerprint({
         "format": RUN_FORMAT, "dataset": exp.dataset, "ordering": exp.ordering,
         "method": cls.name, **({"method_source": source} if source else {}),
@@ -184,6 +187,14 @@ def settings_fingerprint(exp: ExperimentSpec, spec: DatasetSpec, cls: type[Learn
         **_regime_fields(exp),
         # a reference trained on a GPU is another cell's ($CIOSL_DEVICE; the CPU adds nothing)
         **({"device": d} if (d := resolve_device(exp.device)) != "cpu" else {})})
+
+
+def legacy_fingerprints(exp: ExperimentSpec, spec: DatasetSpec, cls: type[Learner],
+                        settings: dict[str, Any]) -> list[str]:
+    """The settings fingerprints of this cell's runs saved by each earlier version: before the
+    last of the method's ``added_settings`` existed, before the last two, ..., before all."""
+    n = len(cls.added_settings)
+    return [settings_fingerprint(exp, spec, cls, settings, legacy=i) for i in range(n - 1, -1, -1)]
 
 
 def prepare(grid: Grid) -> list[CellInfo]:
@@ -201,8 +212,8 @@ def prepare(grid: Grid) -> list[CellInfo]:
         offline = offline_settings(exp, spec)
         sfp = settings_fingerprint(exp, spec, cls, settings)
         fingerprint = _fingerprint({"settings": sfp, "features": fs.key})
-        legacy = _fingerprint({"settings": settings_fingerprint(exp, spec, cls, settings,
-                                                                legacy=True), "features": fs.key})
+        legacy = tuple(_fingerprint({"settings": x, "features": fs.key})
+                       for x in legacy_fingerprints(exp, spec, cls, settings))
         infos.append(CellInfo(cell, exp, spec, cls, settings, fs, offline, fingerprint, sfp,
                               legacy))
     return infos
@@ -211,7 +222,7 @@ def prepare(grid: Grid) -> list[CellInfo]:
 def _finished(out: Path, info: CellInfo, seed: int) -> dict | None:
     saved = read_json(run_file(out, info.cell, seed))
     if (isinstance(saved, dict)
-            and saved.get("fingerprint") in (info.fingerprint, info.legacy_fingerprint)
+            and saved.get("fingerprint") in (info.fingerprint, *info.legacy_fingerprints)
             and saved.get("seed") == seed and _whole_run(saved)):
         return saved
     return None  # missing, stale or damaged: computed again
@@ -677,7 +688,7 @@ def plan(grid: Grid) -> list[tuple[Cell, list[int]]]:
         exp = grid.experiment(cell)
         spec, cls, settings = validate(exp)
         sfps = (settings_fingerprint(exp, spec, cls, settings),
-                settings_fingerprint(exp, spec, cls, settings, legacy=True))
+                *legacy_fingerprints(exp, spec, cls, settings))
         folder = Path(grid.out) / "runs" / cell.id
         done = []
         for path in sorted(folder.glob("seed-*.json")) if folder.is_dir() else []:
