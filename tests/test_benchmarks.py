@@ -90,6 +90,27 @@ def test_long_stream_reports_drift_and_a_resumed_run_is_the_run(tmp_path):
                 assert ra[key] == rb[key], key
 
 
+def test_long_stream_table_reads_each_run_where_it_stopped(tmp_path):
+    """long_stream_table.py: one row per result, the accuracy at each point reached, the last
+    point against 100k, and a run that stopped short of its length marked as such."""
+    def write(name, samples, accs, settings):
+        points = [{"samples": n, "accuracy": a, "ms_per_sample": 2.0, "state_mib": 1.0}
+                  for n, a in accs]
+        (tmp_path / name).write_text(json.dumps({
+            "method": "ciosl", "source": "real", "seed": 0, "settings": settings,
+            "samples": samples, "first_pass": 10, "dim": 8, "points": points}))
+
+    write("a.json", 1_000_000, [(100_000, 0.80), (250_000, 0.75)], ["precision_floor=none"])
+    write("b.json", 250_000, [(10_000, 0.5), (100_000, 0.80), (250_000, 0.81)], [])
+    lines = run("long_stream_table.py", str(tmp_path), cache=tmp_path)
+    assert len(lines) == 4, lines
+    by = {line.split("|")[3].strip(): [c.strip() for c in line.split("|")] for line in lines[2:]}
+    assert by["precision_floor=none"][10] == "250k (of 1M)"
+    assert by["precision_floor=none"][11] == "-0.0500"
+    assert by["defaults"][4] == "0.5000" and by["defaults"][10] == "250k"
+    assert by["defaults"][11] == "+0.0100"
+
+
 def test_metrics_time_times_the_per_event_metrics(tmp_path):
     (line,) = run("metrics_time.py", "--classes", "200", "--repeat", "2", cache=tmp_path)
     assert re.fullmatch(r"per-event metrics of 200 classes \(3 events, the accuracy matrix, "
