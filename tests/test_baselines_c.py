@@ -237,11 +237,12 @@ def test_curvature_cap_keeps_lambda_500_stable():
 def test_vcl_is_ciosl_without_replay_and_distillation():
     """Same seed, same stream (no base init, whose scoring draws CIOSL alone makes): VCL's
     posterior equals CIOSL's with lambda2 = 0, N1' = N2' = 0 (and VCL's Fisher memory and KL
-    weight), bit for bit."""
+    weight, and VCL's precision rule, without CIOSL's floor at the prior), bit for bit."""
     Z, y = class_by_class([0, 1, 2], 15, seed=1)
     vcl = VCL(mc_samples=1, refresh_every=7)
     ciosl = make_learner("ciosl", lambda1=vcl.lambda1, lambda2=0.0, n_replay=0, n_distill=0,
-                         mc_samples=1, refresh_every=7, fisher_decay=vcl.fisher_decay)
+                         mc_samples=1, refresh_every=7, fisher_decay=vcl.fisher_decay,
+                         precision_floor=vcl.precision_floor)
     for z, c in zip(Z, y, strict=True):
         vcl.learn_one(z, int(c))
         ciosl.learn_one(z, int(c))
