@@ -143,3 +143,9 @@ def message(e: BaseException) -> str:
         return (f"internal error ({type(e).__name__}: {_first_line(e)}): a bug in ciosl, please "
                 "report it (CIOSL_TRACEBACK=1 shows where)")
     return _first_line(e) or type(e).__name__
+
+
+def _describe(e: BaseException) -> str:
+    """``Type: first line of the message`` of an exception raised by a user's code."""
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
