@@ -467,9 +467,9 @@ def test_per_event_metrics_do_not_loop_over_classes():
 def test_a_run_without_a_terminal_reports_progress_in_plain_lines(tmp_path, capsys, monkeypatch):
     """Output to a file or a pipe (no live bar): a long run still says it is alive, in plain
     lines naming the run, the samples done of the total, and the time spent."""
-    from ciosl.report import console
+    from ciosl import progress
 
-    monkeypatch.setattr(console, "PLAIN_PROGRESS_SECONDS", 0.0)  # a line at every chunk
+    monkeypatch.setattr(progress, "PLAIN_PROGRESS_SECONDS", 0.0)  # a line at every chunk
     rc, err = cli(capsys, run_args(tmp_path))
     assert rc == 0, err
     lines = [line for line in err.splitlines() if "samples" in line]

@@ -149,3 +149,9 @@ def _describe(e: BaseException) -> str:
     """``Type: first line of the message`` of an exception raised by a user's code."""
     text = str(e).strip().splitlines()
     return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
+
+
+def printable(text: str) -> str:
+    """``text`` with every non-printable character (escape sequences, newlines, C1 controls)
+    written as its Python escape, so nothing in it acts on a terminal or breaks a line."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
