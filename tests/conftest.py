@@ -15,4 +15,10 @@ def user_modules(tmp_path_factory):
     (folder / "rt3_learners.py").write_text(USER_MODULE)
     (folder / "rt3_syntax.py").write_text("def broken(:\n    pass\n")
     (folder / "rt3_raises.py").write_text("x = 1 / 0\n")
-    return folder
+    yield folder
+    # their learners register themselves when a test loads one: not beyond this test file (an
+    # error listing the registered methods in a later file would list them too)
+    from ciosl.learners.registry import _REGISTRY
+
+    for name in [n for n, c in _REGISTRY.items() if c.__module__.startswith("rt3_")]:
+        del _REGISTRY[name]
