@@ -16,7 +16,18 @@ import torch
 
 from ciosl.cli import main
 from ciosl.evaluation import checkpoint as ck
+from ciosl.evaluation import experiment
 from ciosl.evaluation.experiment import ExperimentSpec, result_path, run_experiment
+from helpers import (
+    D,
+    cli,
+    flip,
+    interrupt_second_run,
+    member_span,
+    one_line_error,
+    run_args,
+    trained,
+)
 
 TIMINGS = {"base_seconds", "learn_seconds", "predict_seconds", "seconds_per_sample",
            "samples_per_second", "wall_seconds", "path"}
@@ -132,3 +143,54 @@ def _umask() -> int:
     u = os.umask(0)
     os.umask(u)
     return u
+
+
+def test_a_flipped_bit_in_a_checkpoint_is_refused(tmp_path):
+    from ciosl.evaluation import checkpoint as ck
+
+    learner = trained("tinyer")
+    path, ident = tmp_path / "x.ckpt", ck.identity({"experiment": 1})
+    ck.save_checkpoint(path, ident, {"runs": [], "current": {"learner": learner.state_dict(),
+                                                             "position": 7}})
+    assert ck.load_checkpoint(path, ident)["current"]["position"] == 7
+    data = path.read_bytes()
+    for member in ("/data/0", "/data/3", "data.pkl"):
+        start, end = member_span(data, member)
+        path.write_bytes(flip(data, (start + end) // 2, 5))
+        with pytest.raises(ValueError, match=f"checkpoint {path} is damaged|{path}: not a "
+                                             r"readable ciosl checkpoint \(damaged\)"):
+            ck.load_checkpoint(path, ident)
+
+
+def test_a_checkpoint_of_an_unsaveable_learner_is_a_clear_error(tmp_path, user_modules,
+                                                                monkeypatch):
+    from ciosl.errors import LearnerError
+    from ciosl.evaluation import checkpoint as ck
+    from ciosl.learners.base import load_method
+
+    monkeypatch.syspath_prepend(str(user_modules))
+    learner = load_method("rt3_learners:Unsaveable")()
+    learner.fit_base(np.eye(2, D), [0, 1])
+    with pytest.raises(LearnerError, match="cannot write checkpoint .*lambda"):
+        ck.save_checkpoint(tmp_path / "x.ckpt", "{}", {"learner": learner.state_dict()})
+    with pytest.raises(LearnerError, match="rt3-unsaveable.*cannot save to .*lambda"):
+        learner.save(tmp_path / "l.ciosl")
+    assert not list(tmp_path.iterdir())
+
+
+# ---------------------------------------------------------------------------- checkpoints
+
+
+def test_a_rerun_without_resume_keeps_an_interrupted_runs_work(tmp_path, capsys, monkeypatch):
+    real = experiment.run_seed
+    interrupt_second_run(monkeypatch)
+    assert cli(capsys, run_args(tmp_path, "--runs", "2"))[0] == 130
+    monkeypatch.setattr(experiment, "run_seed", real)
+    (ckpt,) = (tmp_path / "out").glob("*.ckpt")
+    before = ckpt.read_bytes()
+    line = one_line_error(*cli(capsys, run_args(tmp_path, "--runs", "2")))
+    assert line == (f"error: {ckpt} holds the work of an interrupted run of this result: "
+                    "--resume continues it; --force starts over, dropping it")
+    assert ckpt.read_bytes() == before
+    assert cli(capsys, run_args(tmp_path, "--runs", "2", "--force"))[0] == 0
+    assert not ckpt.exists()

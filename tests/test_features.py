@@ -15,6 +15,11 @@ from ciosl.data import features
 from ciosl.data.features import cache_key, extract, get_features, preprocess
 from ciosl.data.mobilenet import MobileNetV2, WeightsError, load_mobilenet_v2
 from ciosl.data.types import ArrayImages, RawDataset
+from helpers import (
+    cli,
+    one_line_error,
+    run_args,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -305,3 +310,34 @@ def test_digits_end_to_end(tmp_path):
     fs = get_features("digits", cache_dir=tmp_path, progress=False)  # default: pixels
     assert fs.train_z.shape == (len(raw.train_y), 64) and fs.dataset == "digits"
     assert fs.key == get_features("digits", "pixels", cache_dir=tmp_path).key
+
+
+# ---------------------------------------------------------------------------- weights files
+
+
+def test_weights_files_beyond_any_mobile_network_are_refused_unread(tmp_path, capsys):
+    big = tmp_path / "big.pth"
+    with open(big, "wb") as f:
+        f.truncate(2**30 + 1)  # sparse: nothing to read
+    line = one_line_error(*cli(capsys, run_args(tmp_path, "--extractor", "efficientnet_lite0",
+                                                "--weights", str(big))))
+    assert line == (f"error: --weights {big}: {2**30 + 1} bytes, more than the {2**30} this "
+                    "reader accepts")
+    line = one_line_error(*cli(capsys, ["features", "--dataset", "digits", "--extractor",
+                                        "efficientnet_lite0", "--weights", str(big), "--cache",
+                                        str(tmp_path / "c")]))
+    assert "weights file" in line and "more than the 1073741824 this reader accepts" in line
+
+
+def test_unreadable_weights_get_no_advice_to_load_them_unsafely(tmp_path, capsys):
+    import torch
+
+    junk = tmp_path / "junk.pth"
+    torch.save({"w": np.arange(3)}, junk)  # a NumPy array: refused by weights_only=True
+    line = one_line_error(*cli(capsys, ["features", "--dataset", "digits", "--extractor",
+                                        "efficientnet_lite0", "--weights", str(junk), "--cache",
+                                        str(tmp_path / "c")]))
+    assert f"Could not read EfficientNet-Lite0 weights from {junk}: " in line
+    assert line.endswith("it is not a plain tensor state_dict (torch.load with weights_only=True "
+                         "refused it; ciosl never loads weights any other way)")
+    assert "can still be loaded" not in line and "trust the source" not in line

@@ -1,6 +1,8 @@
 """The continual-learning metrics on a hand-made curve: the accuracy matrix, average forgetting
 (Chaudhry et al.), backward transfer (Lopez-Paz & Ranzato), final per-class accuracy."""
 
+from __future__ import annotations
+
 import numpy as np
 import pytest
 
@@ -66,3 +68,59 @@ def test_class_counts_and_a_run_without_them():
     assert m["forgetting"] == pytest.approx(0.3) and m["final_class_accuracy"]["2"] == 1.0
     assert mean_matrix([[[0.2, None]], [[0.4, None]]]) == [[pytest.approx(0.3), None]]
     assert mean_matrix([[[0.2]], None]) is None
+
+
+# ---------------------------------------------------------------------------- 10,000 classes
+
+
+def python_calls(fn) -> int:
+    """The Python function calls ``fn()`` makes (a count of work, not a time); the garbage
+    collector is off meanwhile (its finalizers would add calls that are not ``fn``'s)."""
+    import gc
+    import sys
+
+    calls = [0]
+
+    def count(frame, event, arg):
+        calls[0] += event == "call"
+
+    gc.collect()
+    gc.disable()
+    sys.setprofile(count)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+        gc.enable()
+    return calls[0]
+
+
+def test_per_event_metrics_do_not_loop_over_classes():
+    """class_counts (every testing event) and the accuracy matrix: one vectorised pass, not a
+    Python loop over the classes. Counted: the Python calls made are the same for 2,000 and
+    for 20,000 classes (a loop over the classes makes some per class). The time of 20,000
+    classes is a benchmark: ``python benchmarks/metrics_time.py``."""
+    from ciosl.evaluation.metrics import accuracy_matrix, class_counts, matrix_columns
+
+    def metrics(C: int):
+        rng = np.random.default_rng(0)
+        y = rng.permutation(np.repeat(np.arange(C), 2))
+        pred = np.where(rng.random(len(y)) < 0.5, y, 0)
+        steps = [list(range(0, C * (t + 1) // 40)) for t in range(40)]
+        out = {}
+
+        def work():
+            out["counts"] = [class_counts(pred, y) for _ in range(3)]
+            out["R"] = accuracy_matrix(out["counts"], matrix_columns(None, range(C)))
+            matrix_columns(steps, range(C))
+        return work, out, pred, y
+
+    python_calls(metrics(100)[0])  # warm-up: first calls import and cache
+    small, big = (python_calls(metrics(C)[0]) for C in (2_000, 20_000))
+    # a loop over the classes would make 18,000 more (one per class at least); a few calls
+    # may come and go with NumPy's own caches
+    assert big - small < 100, (small, big)
+    work, out, pred, y = metrics(20_000)
+    work()
+    assert out["counts"][0]["5"] == [int((pred[y == 5] == 5).sum()), 2]
+    assert out["R"][0][5] == out["counts"][0]["5"][0] / 2

@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ciosl.cli import main
 from ciosl.data.orderings import ORDERINGS, limit_per_class, make_ordering
 
 
@@ -127,3 +128,9 @@ def test_limit_per_class_keeps_temporal_spread():
     assert set(inst[keep]) == {0, 1, 2, 3}  # every instance survives
     keep2 = limit_per_class(labels, 1000)
     assert len(keep2) == 600
+
+
+def test_ordering_with_unknown_name_lists_choices(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["run", "--method", "ncm", "--ordering", "shuffled"])
+    assert "class_instance" in capsys.readouterr().err

@@ -12,7 +12,7 @@ import pytest
 from ciosl.cli import main
 from ciosl.data.orderings import make_ordering
 from ciosl.data.types import FeatureSet
-from ciosl.evaluation import protocol
+from ciosl.evaluation import experiment, protocol
 from ciosl.evaluation.experiment import ExperimentSpec, parse_assignments, run_experiment
 from ciosl.evaluation.metrics import mean_std, omega_all
 from ciosl.evaluation.protocol import OfflineSettings, offline_accuracy, run_stream
@@ -352,3 +352,22 @@ def test_listings_cut_no_name_or_setting_at_any_width(width, monkeypatch):
         words = printed(["methods", name])
         names = {s.name for s in methods[name].settings() if s.name != "seed"}
         assert names <= words, names - words
+
+
+# ---------------------------------------------------------------------------- caches, loaders
+
+
+def test_an_edited_offline_reference_is_recomputed(tmp_path):
+    spec = dict(dataset="digits", ordering="class_iid", method="ncm", seeds=[0],
+                cache_dir=tmp_path / "cache", limit_per_class=12, offline_epochs=2)
+    first = experiment.run_experiment(experiment.ExperimentSpec(**spec))
+    entries = sorted((tmp_path / "cache" / "offline").glob("*.json"))
+    assert entries
+    for path in entries:  # an edit that keeps the JSON valid and the identity intact
+        entry = json.loads(path.read_text())
+        entry["accuracy"] = 0.011
+        path.write_text(json.dumps(entry))
+    again = experiment.run_experiment(experiment.ExperimentSpec(**spec))
+    assert again["runs"][0]["accuracy_offline"] == first["runs"][0]["accuracy_offline"]
+    assert again["omega_all"] == first["omega_all"]
+    assert all(json.loads(p.read_text())["accuracy"] != 0.011 for p in entries)  # rewritten

@@ -240,9 +240,9 @@ def test_progress_lines_without_a_terminal(monkeypatch, capsys):
 
 
 def test_an_extraction_without_a_terminal_prints_plain_progress(monkeypatch, capsys):
-    from ciosl.report import console
+    from ciosl import progress
 
-    monkeypatch.setattr(console, "PLAIN_PROGRESS_SECONDS", 0.0)  # a line per batch
+    monkeypatch.setattr(progress, "PLAIN_PROGRESS_SECONDS", 0.0)  # a line per batch
     features.extract(toy(n=40), "efficientnet_lite0@32", threads=1)
     lines = [x for x in capsys.readouterr().err.splitlines() if " left, " in x]
     batch = runtime.ort_batch(32)

@@ -409,7 +409,7 @@ def check_failure_rolls_back(cls, settings) -> None:
     continued learning as a twin that never failed -- for learn_one with a new label,
     learn_many with new and known labels (a new one first, and last), and fit_base with a new
     class."""
-    from ciosl.learners.base import digest
+    from ciosl.serial import digest
 
     Zb, yb, Zs, ys = class_stream()
     Zt, _ = held_out()

@@ -143,3 +143,15 @@ def message(e: BaseException) -> str:
         return (f"internal error ({type(e).__name__}: {_first_line(e)}): a bug in ciosl, please "
                 "report it (CIOSL_TRACEBACK=1 shows where)")
     return _first_line(e) or type(e).__name__
+
+
+def _describe(e: BaseException) -> str:
+    """``Type: first line of the message`` of an exception raised by a user's code."""
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
+
+
+def printable(text: str) -> str:
+    """``text`` with every non-printable character (escape sequences, newlines, C1 controls)
+    written as its Python escape, so nothing in it acts on a terminal or breaks a line."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))

@@ -253,7 +253,7 @@ def _embed_all(label, runner: runtime.Runner, prepare, sources, progress) -> dic
     """``runner(prepare(batch))`` over every split: a progress bar on a terminal, else a plain
     line on stderr every ``PLAIN_PROGRESS_SECONDS`` (images done, images/s, time left); prints
     the images/s at the end."""
-    from ciosl.report.console import plain_progress
+    from ciosl.progress import plain_progress
 
     console = Console(stderr=True)
     show = progress and console.is_terminal

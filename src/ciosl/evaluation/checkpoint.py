@@ -68,7 +68,7 @@ def set_global_rng_state(state: dict[str, Any]) -> None:
 def save_checkpoint(path: str | Path, ident: str, payload: dict[str, Any]) -> Path:
     """Write the checkpoint with a checksum of its contents (``load_checkpoint`` verifies
     it). A learner whose state cannot be stored raises ``LearnerError`` naming the method."""
-    from ciosl.learners.base import serialize, with_checksum
+    from ciosl.serial import serialize, with_checksum
 
     data = serialize(with_checksum({"format": FORMAT, "format_version": FORMAT_VERSION,
                                     "ident": ident, "rng": global_rng_state(), **payload}),
@@ -107,7 +107,7 @@ def load_checkpoint(path: str | Path, ident: str) -> dict[str, Any] | None:
     if version > FORMAT_VERSION:
         raise ValueError(f"checkpoint {path} has format version {ck['format_version']}, newer "
                          f"than this ciosl supports ({FORMAT_VERSION}); upgrade ciosl")
-    from ciosl.learners.base import checksum_problem
+    from ciosl.serial import checksum_problem
 
     problem = checksum_problem(ck)
     if problem is not None:

@@ -1,4 +1,5 @@
-"""The learner protocol, the method registry and the shared input checks.
+"""The learner protocol (``Learner``) and its input checks; the method registry, the settings and
+the file checksums are in ``registry``, ``settings`` and ``ciosl.serial`` (re-exported here).
 
 A learner (river / scikit-learn conventions):
 
@@ -22,13 +23,10 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
-import hashlib
 import inspect
 import io
 import math
-import re
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -36,123 +34,53 @@ import numpy as np
 import torch
 
 from ciosl.checks import MAX_FEATURE, bad_feature  # noqa: F401 (MAX_FEATURE: public here too)
-from ciosl.errors import LearnerError, echo, writing
+from ciosl.errors import LearnerError, _describe, echo, writing
 from ciosl.fileio import atomic_write_bytes
 
-_REGISTRY: dict[str, type[Learner]] = {}
+# the registry, the settings and the file checksums live in their own modules; their names stay
+# importable from here (external code and saved files may name them here)
+from ciosl.learners.registry import (  # noqa: F401
+    _REGISTRY,
+    ENTRY_POINT_GROUP,
+    _load_all,
+    _register_external,
+    available_methods,
+    get_method,
+    load_method,
+    make_learner,
+    register,
+)
+from ciosl.learners.settings import (  # noqa: F401
+    _DIGITS,
+    _TYPE_WORDS,
+    FLOAT_RANGE,
+    MAX_EPOCHS,
+    MAX_INT_DIGITS,
+    MAX_INT_SETTING,
+    MAX_SEED,
+    SETTING_RANGES,
+    Range,
+    Setting,
+    _short,
+    allows_inf,
+    check_bound,
+    check_finite,
+    check_range,
+    check_type,
+    int_bound,
+    parse_value,
+    plain,
+)
+from ciosl.serial import (  # noqa: F401
+    CHECKSUM_KEY,
+    checksum_problem,
+    digest,
+    serialize,
+    with_checksum,
+)
+
 FILE_FORMAT = "ciosl-learner"  # Learner.save / Learner.load
 FILE_VERSION = 1
-
-
-def register(cls: type[Learner]) -> type[Learner]:
-    """Class decorator: make a learner available by its ``name``."""
-    if not getattr(cls, "name", None):
-        raise TypeError(f"{cls.__qualname__} needs a class attribute `name`")
-    if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls:
-        raise ValueError(f"method name {cls.name!r} registered twice")
-    _REGISTRY[cls.name] = cls
-    return cls
-
-
-ENTRY_POINT_GROUP = "ciosl.learners"  # third-party packages register learners here
-
-
-def _load_all() -> None:
-    # importing the package registers every built-in method; then the installed plugins
-    import ciosl.learners  # noqa: F401
-
-    global _plugins_loaded
-    if _plugins_loaded:
-        return
-    _plugins_loaded = True
-    from importlib.metadata import entry_points
-
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        try:
-            _register_external(ep.load(), f"entry point {ep.name} = {ep.value}")
-        except Exception as e:  # one broken plugin must not take the built-in methods down
-            import warnings
-
-            warnings.warn(f"ciosl: learner entry point {ep.name!r} ({ep.value}) not loaded: "
-                          f"{type(e).__name__}: {e}", stacklevel=2)
-
-
-_plugins_loaded = False
-
-
-def _register_external(cls: Any, where: str) -> type[Learner]:
-    if not (isinstance(cls, type) and issubclass(cls, Learner)):
-        raise TypeError(f"{where} is not a subclass of ciosl.Learner")
-    if not cls.name:
-        raise TypeError(f"{where}: {cls.__qualname__} needs a class attribute `name`")
-    return register(cls)
-
-
-def load_method(spec: str) -> type[Learner]:
-    """The learner class named by ``package.module:Class`` (imported, then registered under its
-    ``name``). The working folder is importable, as for ``python -m``, so a ``my_method.py``
-    next to the command works as ``--method my_method:MyLearner``."""
-    import importlib
-    import os
-    import sys
-
-    module, _, attr = spec.partition(":")
-    if not module or not attr:
-        raise ValueError(f"--method {echo(spec)}: expected package.module:Class")
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        obj = importlib.import_module(module)
-    except ImportError as e:
-        raise ValueError(f"method {spec!r}: cannot import {module!r} ({e})") from None
-    except (Exception, SystemExit) as e:  # the user's module is broken, not ciosl
-        raise ValueError(f"method {spec!r}: importing module {module!r} failed: "
-                         f"{_describe(e)}") from None
-    for part in attr.split("."):
-        try:
-            found = hasattr(obj, part)
-            obj = getattr(obj, part) if found else obj
-        except (Exception, SystemExit) as e:  # a module __getattr__ or a property that raises
-            raise ValueError(f"method {spec!r}: reading {attr!r} from module {module!r} failed: "
-                             f"{_describe(e)}") from None
-        if not found:
-            raise ValueError(f"method {spec!r}: module {module!r} has no {attr!r}")
-    try:
-        return _register_external(obj, f"method {spec!r}")
-    except TypeError as e:
-        raise ValueError(str(e)) from None
-
-
-def _describe(e: BaseException) -> str:
-    """``Type: first line of the message`` of an exception raised by a user's code."""
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
-
-
-def available_methods() -> dict[str, type[Learner]]:
-    """Every registered method by name: the built-in ones, those of installed packages (entry
-    point group ``ciosl.learners``) and those loaded by ``package.module:Class``."""
-    _load_all()
-    return dict(sorted(_REGISTRY.items()))
-
-
-def get_method(name: str) -> type[Learner]:
-    """The learner class of a method name, or of ``package.module:Class``."""
-    if ":" in name:
-        _load_all()
-        return load_method(name)
-    methods = available_methods()
-    if name not in methods:
-        raise ValueError(f"unknown method {echo(name)}; valid choices: {', '.join(methods)} (or "
-                         "package.module:Class for a learner defined elsewhere)")
-    return methods[name]
-
-
-def make_learner(name: str, **settings: Any) -> Learner:
-    """A new, untrained learner of method ``name`` (see ``available_methods()`` or
-    ``ciosl methods``) with the given settings, e.g. ``make_learner("ciosl", buffer=500)``;
-    settings left out take the method's defaults."""
-    return get_method(name)(**settings)
 
 
 SMALL_BATCH = 256  # predict_proba on fewer rows runs single-threaded too
@@ -176,87 +104,6 @@ def single_thread():
         yield
     finally:
         torch.set_num_threads(n)
-
-
-@dataclass(frozen=True)
-class Setting:
-    name: str
-    default: Any
-    type: type
-    help: str
-    choices: tuple | None = None
-
-
-def parse_value(setting: Setting, text: str) -> Any:
-    """Parse a ``--set name=value`` string into the setting's type, with a clear error."""
-    t = setting.type
-    if t is int and _DIGITS.fullmatch(text.strip()) and len(text.strip()) > MAX_INT_DIGITS:
-        # int() refuses more than 4300 digits as if it were no integer at all
-        digits = len(text.strip().lstrip("+-"))
-        sign = "a negative one" if text.strip().startswith("-") else "one"
-        raise ValueError(f"setting {setting.name!r} expects an integer <= "
-                         f"{int_bound(setting.name)}, got {sign} of {digits:,} digits")
-    try:
-        if t is bool:
-            low = text.strip().lower()
-            if low in ("1", "true", "yes", "on"):
-                value: Any = True
-            elif low in ("0", "false", "no", "off"):
-                value = False
-            else:
-                raise ValueError(text)
-        elif t in (tuple, list):
-            value = tuple(int(v) for v in text.replace("[", "").replace("]", "").split(",") if v)
-        elif t is type(None):
-            value = None if text.lower() in ("none", "") else float(text)
-        else:
-            value = t(text)
-    except ValueError:
-        raise ValueError(
-            f"setting {setting.name!r} expects {t.__name__}, got {echo(text)}"
-        ) from None
-    if isinstance(value, float) and math.isinf(value) and "inf" not in text.lower():
-        raise ValueError(f"setting {setting.name!r} expects a finite number, got {echo(text)}: "
-                         "too large for a float (it reads as inf)")
-    check_finite(setting, value)
-    return value
-
-
-def plain(value: Any) -> Any:
-    """``value`` with NumPy scalars made Python numbers (inside lists and tuples too): a setting
-    of ``np.float64(0.1)`` would make a saved learner unreadable with ``weights_only=True``."""
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, list | tuple):
-        return type(value)(plain(v) for v in value)
-    return value
-
-
-_TYPE_WORDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string",
-               tuple: "a list of integers"}
-
-
-def check_type(setting: Setting, value: Any, prefix: str = "") -> None:
-    """Refuse a value of the wrong kind for a setting: ``buffer=20.5`` or ``buffer=True`` for an
-    integer, a string for a number, ``1`` for a flag (settings whose default is None take any
-    value: their kind is not known)."""
-    t = setting.type
-    if t is type(None) or t not in _TYPE_WORDS:
-        return
-    if t is bool:
-        ok = isinstance(value, bool)
-    elif t is int:
-        ok = isinstance(value, int) and not isinstance(value, bool)
-    elif t is float:
-        ok = isinstance(value, int | float) and not isinstance(value, bool)
-    elif t is str:
-        ok = isinstance(value, str)
-    else:
-        ok = isinstance(value, tuple | list) and all(
-            isinstance(v, int) and not isinstance(v, bool) for v in value)
-    if not ok:
-        raise ValueError(f"{prefix}setting {setting.name!r} expects {_TYPE_WORDS[t]}, got "
-                         f"{setting.name}={echo(value)} ({type(value).__name__})")
 
 
 def plain_label(label: Any, *, where: str) -> int | str:
@@ -291,125 +138,6 @@ def label_array(labels: list) -> np.ndarray:
 
 def _hashable(v: Any) -> Any:
     return v.item() if isinstance(v, np.generic) else v
-
-
-def allows_inf(setting: Setting) -> bool:
-    """A setting whose help documents what ``inf`` means (``max_grad_norm``: "inf: plain SGD")."""
-    return "inf:" in setting.help or "inf " in setting.help
-
-
-MAX_EPOCHS = 1000  # an *_epochs setting (base_epochs, retrain_epochs, ...), as --epochs
-MAX_SEED = 2**32 - 1  # what every generator here accepts
-MAX_INT_DIGITS = 30  # --set text of more digits is refused as too large, unparsed
-_DIGITS = re.compile(r"[+-]?[0-9]+")
-MAX_INT_SETTING = 10**6  # any other integer setting: buffer, n_replay, refresh_every, ...
-# (those that multiply memory or work have a tighter range too: SETTING_RANGES, checked later)
-
-
-def check_bound(setting: Setting, value: Any, prefix: str = "") -> None:
-    """Refuse an integer setting so large that the run would never end or never allocate
-    (``base_epochs=10**9``, ``mc_samples=10**8``): each kind has a sane upper bound."""
-    if setting.type is not int or isinstance(value, bool) or not isinstance(value, int):
-        return
-    name = setting.name
-    bound = int_bound(name)
-    if value > bound:
-        raise ValueError(f"{prefix}setting {name!r} must be <= {bound}, got {name}={echo(value)}")
-
-
-def int_bound(name: str) -> int:
-    """The largest value an integer setting called ``name`` may take."""
-    return (MAX_EPOCHS if name.endswith("epochs") else MAX_SEED if name == "seed"
-            else MAX_INT_SETTING)
-
-
-@dataclass(frozen=True)
-class Range:
-    """The sane values of a number setting: ``Range(0, 1, high_open=True)`` is [0, 1)."""
-
-    low: float
-    high: float
-    low_open: bool = False
-    high_open: bool = False
-
-    def __contains__(self, x: Any) -> bool:
-        above = x > self.low if self.low_open else x >= self.low
-        below = x < self.high if self.high_open else x <= self.high
-        return bool(above and below)
-
-    def __str__(self) -> str:
-        return (f"{'(' if self.low_open else '['}{_short(self.low)}, {_short(self.high)}"
-                f"{')' if self.high_open else ']'}")
-
-
-def _short(x: float) -> str:
-    """``0``, ``100``, ``0.001``, ``1e6``, ``1e-6``: a range's end as people write it."""
-    if x == int(x) and abs(x) < 1e5:
-        return str(int(x))
-    return f"{x:g}".replace("e+0", "e").replace("e-0", "e-").replace("e+", "e")
-
-
-# A float setting without a range of its own (a learner of the user's own, a new setting):
-# beyond +-1e6 a weight, a scale or a rate is a typo, and it overflows float32 arithmetic.
-FLOAT_RANGE = Range(-1e6, 1e6)
-
-# The sane range of each number setting, by name (``Learner.ranges``; a learner may widen or
-# narrow one in its own ``ranges``). Checked after the method's own checks (``_check_ranges``):
-# those name finer conditions, and relations between settings, first.
-SETTING_RANGES: dict[str, Range] = {
-    # SGD: lr 0 learns nothing, and far beyond the stability bound lr < 4 (1 + m) / ||x||^2
-    # of head.check_finite every step diverges (100 still shows the divergence message);
-    # momentum >= 1 never converges (the buffer sums every gradient ever seen)
-    "lr": Range(0, 100, low_open=True),
-    "momentum": Range(0, 1, high_open=True),
-    "weight_decay": Range(0, 1),
-    # caps (inf where the help documents it, ``allows_inf``: no cap)
-    "max_grad_norm": Range(0, 1e6, low_open=True),
-    "max_penalty_step": Range(0, 1e6, low_open=True),
-    # weights of loss terms; EWC / MAS weigh importances of 1e-6 and less (their penalty step
-    # is capped by max_penalty_step), so their lam reaches far higher
-    "lam": Range(0, 1e10),
-    "lambda1": Range(0, 1e6),
-    "lambda2": Range(0, 1e6),
-    # NCM's softmax temperature (on squared distances) and the Bayesian heads' posterior
-    # temperature (evidence N / T in float32 precisions): outside, the softmax is a one-hot of
-    # NaN or exactly uniform (predict would answer the first class), the precision overflows
-    "temperature": Range(1e-6, 1e6),
-    # EMA rate of the Fisher: below 1e-6 its bias correction 1 / (1 - (1 - r)^t) overflows;
-    # 0 is the running mean of every update (the Bayesian heads refuse (0, 1e-6))
-    "fisher_decay": Range(0, 1),
-    "shrinkage": Range(0, 1),
-    # initial prior N(0, s^2 / fan_in): its precision fan_in / s^2 is float32
-    "prior_scale": Range(1e-3, 1e3),
-    # integers that multiply memory or work beyond the generic MAX_INT_SETTING: k weight draws
-    # of the whole head at predict time (prediction=mc), train_draws forward/backward passes
-    # per step, pq_subvectors padded feature columns per stored item
-    "mc_samples": Range(1, 1000),
-    "train_draws": Range(1, 100),
-    "pq_subvectors": Range(1, 4096),
-}
-
-
-def check_range(setting: Setting, value: Any, allowed: Range | None, prefix: str = "") -> None:
-    """Refuse a number setting outside its sane range ``allowed`` (None: no range; ``inf``
-    passes where the setting documents it, ``allows_inf``)."""
-    if allowed is None or isinstance(value, bool) or not isinstance(value, int | float):
-        return
-    inf = allows_inf(setting)
-    if (math.isinf(value) and inf) or value in allowed:
-        return
-    name = setting.name
-    raise ValueError(f"{prefix}setting {name!r} must be in {allowed}{' or inf' if inf else ''}, "
-                     f"got {name}={echo(value)}")
-
-
-def check_finite(setting: Setting, value: Any, prefix: str = "") -> None:
-    """Refuse NaN for every number setting, and infinity unless the setting documents it."""
-    if isinstance(value, bool) or not isinstance(value, float | np.floating):
-        return  # an integer is finite (and math.isnan(10**400) would overflow)
-    if math.isnan(value) or (math.isinf(value) and not allows_inf(setting)):
-        raise ValueError(f"{prefix}setting {setting.name!r} expects a finite number, got "
-                         f"{setting.name}={echo(value)}")
 
 
 PROBA_TOLERANCE = 1e-3  # how far a row of probabilities may sum from 1
@@ -1105,78 +833,6 @@ class Learner:
 
 for _name in GUARDED:
     setattr(Learner, _name, _no_exit(Learner.__dict__[_name]))
-
-
-CHECKSUM_KEY = "sha256"  # learner files and checkpoints: digest() of everything else
-
-
-def digest(obj: Any) -> str:
-    """sha256 of a nested value of plain containers, numbers, strings and tensors, as loaded
-    (not of the file's bytes: a zip can be rewritten alike). ``Learner.save`` and checkpoints
-    store it and the loaders recompute it, so a flipped bit anywhere in the values is refused
-    instead of changing predictions or results."""
-    h = hashlib.sha256()
-
-    def walk(v: Any) -> None:
-        if isinstance(v, dict):
-            h.update(b"d%d;" % len(v))
-            for k in sorted(v, key=lambda k: (type(k).__name__, repr(k))):
-                walk(k)
-                walk(v[k])
-        elif isinstance(v, list | tuple):
-            h.update(b"l%d;" % len(v) if isinstance(v, list) else b"t%d;" % len(v))
-            for x in v:
-                walk(x)
-        elif isinstance(v, torch.Tensor):
-            t = v.detach().cpu().reshape(-1).contiguous()
-            h.update(f"T{t.dtype}{tuple(v.shape)};".encode())
-            h.update(t.view(torch.uint8).numpy().tobytes())
-        elif isinstance(v, str):
-            b = v.encode("utf-8", "surrogatepass")
-            h.update(b"s%d;" % len(b) + b)
-        else:
-            h.update(f"{type(v).__name__}:{v!r};".encode())
-
-    walk(obj)
-    return h.hexdigest()
-
-
-def with_checksum(blob: dict) -> dict:
-    """``blob`` with its ``digest`` under ``CHECKSUM_KEY``."""
-    return {**blob, CHECKSUM_KEY: digest(blob)}
-
-
-def checksum_problem(blob: dict) -> str | None:
-    """None if ``blob`` matches its stored checksum (or stores none: a file written before
-    checksums), else what is wrong."""
-    if CHECKSUM_KEY not in blob:
-        return None
-    stored = blob[CHECKSUM_KEY]
-    rest = {k: v for k, v in blob.items() if k != CHECKSUM_KEY}
-    if not isinstance(stored, str) or stored != digest(rest):
-        return ("its contents do not match the checksum stored when it was written (the file "
-                "changed since: a damaged disk or copy, or an edit)")
-    return None
-
-
-def serialize(obj: Any, what: str) -> bytes:
-    """``torch.save`` of ``obj`` (plain containers and tensors) as bytes, checked to read back
-    with ``torch.load(weights_only=True)``: a state holding a function, a NumPy array or an
-    object of its own is refused here, with ``LearnerError`` (``what``: who cannot save), rather
-    than written as a file no one can load."""
-    buf = io.BytesIO()
-    try:
-        torch.save(obj, buf)
-        data = buf.getvalue()
-        torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-    except Exception as e:
-        import re
-
-        found = re.search(r"Unsupported global: GLOBAL (\S+)", str(e))
-        why = f"it holds a {found.group(1)}" if found else _describe(e)
-        raise LearnerError(f"{what}: its state holds something other than numbers, strings, "
-                           f"lists, tables and tensors ({why})") from None
-    return data
 
 
 def _nan_at(obj: Any, where: str) -> str | None:

@@ -14,7 +14,7 @@
 
 One row per method: a cell whose result ran a default that is not the paper's (``Entry.
 departures``) carries a letter, and the table's legend lists each set of departures once
-(``departure_legend``), the same letters in every table of a report.
+(``departures.departure_legend``), the same letters in every table of a report.
 """
 
 from __future__ import annotations
@@ -23,6 +23,19 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+# departures from the paper and the legend under a table (departures.py): re-exported here
+from ciosl.report.departures import (  # noqa: F401
+    EVIDENCE,
+    FINDINGS,
+    Departures,
+    Legend,
+    _hashable,
+    _value_text,
+    departure_legend,
+    departures_of,
+    legend_markdown,
+    legend_parts,
+)
 from ciosl.report.results import (
     REGIME_ORDER,
     Column,
@@ -132,69 +145,6 @@ def _method_rows(table: Table, rows, grid, legend: Legend | None = None,
             mark = legend.mark(e)
             if mark:
                 table.marks[(i, j)] = mark
-
-
-Departures = tuple[tuple[str, str], ...]  # sorted (setting, value text) pairs
-
-# where docs/findings.md gives the evidence for each departure from the paper (its section)
-EVIDENCE = {
-    "max_grad_norm": ("gradient clipping", "gradient-clipping-of-the-mlp-heads"),
-    "lambda1": ("the KL's weight", "the-kls-weight"),
-    "lambda2": ("distillation", "distillation"),
-    "distill_when": ("distillation", "distillation"),
-    "selection": ("selection", "selection-and-replacement"),
-    "prior_scale": ("the prior's scale", "the-priors-scale"),
-    "temperature": ("the temperature", "the-temperature"),
-}
-
-
-def departures_of(e: Entry) -> Departures:
-    return tuple(sorted((k, _value_text(_hashable(v))) for k, v in e.departures.items()))
-
-
-@dataclass
-class Legend:
-    """A letter per distinct set of departures from the paper, in the order of ``sets``."""
-
-    sets: list[Departures]
-
-    def letter(self, d: Departures) -> str:
-        from ciosl.report.text import mark_letter
-
-        return mark_letter(self.sets.index(d)) if d in self.sets else ""
-
-    def mark(self, entries: list[Entry | None]) -> str:
-        """The letters of the entries' departures (several when a cell pools results)."""
-        letters = {self.letter(departures_of(e)) for e in entries if e is not None}
-        return ",".join(sorted(x for x in letters if x))
-
-    def lines(self, marks: set[str]) -> list[tuple[str, str]]:
-        """(letter, what it stands for) for the letters in ``marks``: a set that holds an
-        earlier one is written as that letter plus the rest, so each departure is spelled out
-        once."""
-        used = {x for m in marks for x in m.split(",") if x}
-        out = []
-        for d in self.sets:
-            letter = self.letter(d)
-            if letter not in used:
-                continue
-            bases = [b for b in self.sets[:self.sets.index(d)]
-                     if set(b) < set(d) and self.letter(b) in used]
-            base = max(bases, key=len) if bases else ()
-            rest = ", ".join(f"{k}={v}" for k, v in d if (k, v) not in base)
-            out.append((letter, f"{self.letter(base)} + {rest}" if base else rest))
-        return out
-
-
-def departure_legend(entries: list[Entry]) -> Legend:
-    """Letters for every set of departures among ``entries``: smaller sets first, then in
-    table order (so a set that holds another comes after it)."""
-    first: dict[Departures, tuple] = {}
-    for e in sorted(entries, key=lambda e: (method_key(e.method), e.column)):
-        d = departures_of(e)
-        if d:
-            first.setdefault(d, (len(d), len(first)))
-    return Legend(sorted(first, key=first.__getitem__))
 
 
 def _finish_marks(table: Table, legend: Legend) -> None:
@@ -495,14 +445,6 @@ def _sampling_text(name: str, value: Any) -> str:
     return text.capitalize() if text in ("uniform", "reservoir") else text.upper()
 
 
-def _hashable(value: Any) -> Any:
-    return tuple(value) if isinstance(value, list) else value
-
-
-def _value_text(v: Any) -> str:
-    return ",".join(map(str, v)) if isinstance(v, tuple) else str(v)
-
-
 def _series_label(method: str, extra: tuple, several: bool) -> str:
     parts = ([method_name(method)] if several or not extra else [])
     parts += [_sampling_text(k, v) for k, v in extra]
@@ -598,30 +540,3 @@ def to_markdown(table: Table) -> str:
                 cells[0 if j < 0 else stub + j] += superscript(mark)
         lines.append(f"| {' | '.join(cells)} |")
     return "\n".join(lines)
-
-
-FINDINGS = "docs/findings.md"
-
-
-def legend_parts(table: Table) -> tuple[str, list[tuple[str, str]]]:
-    """The legend's text (each letter and the departures it stands for) and the evidence:
-    (section title, anchor in docs/findings.md) per setting it names."""
-    if not table.legend:
-        return "", []
-    text = "; ".join(f"{letter}: {what}" for letter, what in table.legend)
-    sections = list(dict.fromkeys(EVIDENCE[k] for k in table.evidence))
-    return f"Not the paper's setting: {text}.", sections
-
-
-def legend_markdown(table: Table, findings: str | None) -> str:
-    """The legend as one Markdown line; its evidence linked when ``findings`` (the relative
-    path of docs/findings.md) is known, named otherwise."""
-    text, sections = legend_parts(table)
-    if not text:
-        return ""
-    if findings is None:
-        where = ", ".join(title for title, _ in sections)
-        return f"{md_escape(text)} Evidence: {FINDINGS}" + (f" ({where})." if where else ".")
-    links = ", ".join(f"[{title}]({findings}#{anchor})" for title, anchor in sections)
-    return f"{md_escape(text)} Evidence: [{FINDINGS}]({findings})" + (
-        f" ({links})." if links else ".")

@@ -7,14 +7,10 @@ from __future__ import annotations
 import hashlib
 import re
 
+from ciosl.errors import printable  # noqa: F401 (moved below the layers; public here too)
+
 LABEL_MAX = 60  # the longest row label, legend entry or plot label the report prints
 _MD_SPECIAL = re.compile(r"([\\`*\[\]<>&|$!#~])")
-
-
-def printable(text: str) -> str:
-    """``text`` with every non-printable character (escape sequences, newlines, C1 controls)
-    written as its Python escape, so nothing in it acts on a terminal or breaks a line."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
 
 
 def shorten(text: str, width: int = LABEL_MAX) -> str:

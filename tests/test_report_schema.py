@@ -1,7 +1,7 @@
-"""`ciosl report` believes no result file: each is checked (ranges, lengths, order, known
-values, nesting) and a bad one is skipped with one warning naming the file and the field; names
-from result files are escaped in every output (Markdown, HTML, the terminal, matplotlib, file
-names), so no name fails the whole report. Table-driven, in the style of test_red_team.py."""
+"""`ciosl report` believes no result file (``report.schema``): each is checked (ranges, lengths,
+order, known values, nesting) and a bad one is skipped with one warning naming the file and the
+field; names from results are escaped in every output, so no name fails the whole report.
+Table-driven."""
 
 from __future__ import annotations
 
@@ -15,6 +15,79 @@ import pytest
 
 from ciosl.cli import main
 from ciosl.evaluation import experiment
+
+# ---------------------------------------------------------------------------- ciosl report
+
+
+@pytest.fixture(scope="module")
+def one_result(tmp_path_factory) -> dict:
+    tmp = tmp_path_factory.mktemp("result")
+    return experiment.run_experiment(experiment.ExperimentSpec(
+        dataset="digits", ordering="class_iid", method="ncm", seeds=[0, 1], out_dir=tmp / "out",
+        cache_dir=tmp / "cache", limit_per_class=12, offline_epochs=2))
+
+
+def first_run(good: dict) -> dict:
+    """``good`` cut to its first run, with the summaries that run gives (as ``ciosl run
+    --seeds 0`` writes it: the report refuses summaries that the runs contradict)."""
+    run = good["runs"][0]
+    return {**good, "runs": [run], "seeds": [run["seed"]],
+            "omega_all": {**good["omega_all"], "mean": run["omega_all"], "std": 0.0},
+            "final_accuracy": {"mean": run["accuracy"][-1], "std": 0.0},
+            "forgetting": {"mean": run["forgetting"], "std": 0.0},
+            "backward_transfer": {"mean": run["backward_transfer"], "std": 0.0},
+            "accuracy_matrix": run["accuracy_matrix"],
+            "samples_per_second": run["samples_per_second"],
+            "peak_memory_bytes": run["peak_memory_bytes"]}
+
+
+def write_result(folder: Path, name: str, data) -> Path:
+    path = folder / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(data if isinstance(data, str) else json.dumps(data))
+    return path
+
+
+# (id, what is written next to a good result: name -> content (a dict is changed from the good
+# result), the warning's fragment)
+REPORT_CASES = [
+    ("not-json", {"broken.json": '{"omega_all": {"mean": 0.5'},
+     "warning: skipped {}/broken.json: not valid JSON"),
+    ("unreadable", {"dir.json/x": "{}"}, "warning: skipped {}/dir.json: unreadable (Is a directory)"),
+    ("no-runs", {"empty.json": {"runs": []}},
+     "warning: skipped {}/empty.json: malformed result: runs must be a non-empty list"),
+    ("nan-mean", {"nan.json": {"omega_all": {"mean": float("nan"), "std": 0.1}}},
+     "warning: skipped {}/nan.json: malformed result: omega_all.mean must be a finite number"),
+    ("wrong-types", {"types.json": {"method": 5}},
+     "warning: skipped {}/types.json: malformed result: method must be a string, got 5"),
+    ("run-not-object", {"runs.json": {"runs": ["x"]}},
+     "warning: skipped {}/runs.json: malformed result: runs[0] must be an object"),
+    ("duplicate", {"copy/digits_class_iid_ncm.json": {"runs": "first"}},
+     # the column names its protocol where it departs from the dataset's (30 offline epochs)
+     "note: 2 results for NCM on digits ≤12/class (offline_epochs=2) / class_iid: used "
+     "digits_class_iid_ncm.json (2 runs; the most runs, then the newest), not "
+     "copy/digits_class_iid_ncm.json (1 runs)"),
+]
+
+
+@pytest.mark.parametrize(("files", "fragment"), [c[1:] for c in REPORT_CASES],
+                         ids=[c[0] for c in REPORT_CASES])
+def test_report_warns_per_skipped_file_and_keeps_going(files, fragment, one_result, tmp_path,
+                                                      capsys):
+    folder = tmp_path / "results"
+    good = json.loads(Path(one_result["path"]).read_text())
+    write_result(folder, "digits_class_iid_ncm.json", good)
+    for name, change in files.items():
+        if isinstance(change, dict) and change.get("runs") == "first":
+            change = first_run(good)
+        write_result(folder, name, {**good, **change} if isinstance(change, dict) else change)
+    rc = main(["report", str(folder)])
+    err = capsys.readouterr().err
+    assert rc == 0 and "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith(fragment.replace("{}", str(folder))), lines
+    report = (folder / "report.md").read_text()
+    assert "| NCM" in report  # the good result is in the report
 
 
 @pytest.fixture(scope="module")
@@ -408,6 +481,7 @@ def test_a_folder_of_only_unreadable_results_says_why_in_its_one_line(good, tmp_
 
 LONG = "m" * 20_000
 
+
 # (kind, result fields, text that must not appear raw in any output, text that shows the
 # result was used, escaped, in report.md)
 NAMES = [
@@ -429,6 +503,8 @@ NAMES = [
 
 
 MARKDOWN_ONLY = {"pipe-method"}  # a pipe is plain text in HTML
+
+
 NAME_CASES = [(fmt, *c[1:]) for c in NAMES for fmt in ("md", "html")
               if fmt == "md" or c[0] not in MARKDOWN_ONLY]
 

@@ -1,28 +1,17 @@
 """Bad input gets a clear error and loses nothing: one table of cases, each a call that must
-raise a given error with a given message, and a check that the learner's state did not change.
-
-Data-level cases live next to their code and are table-driven there too:
-- a truncated or corrupt feature cache is rebuilt: test_features.py::test_damaged_cache_entry_is_rebuilt
-- a truncated download is rejected by checksum, partial file removed:
-  test_datasets.py::test_download_checksum
-- a malicious pickle where a CIFAR batch should be is refused and its payload never runs:
-  test_datasets.py::test_malicious_pickle_is_refused
-- a malformed features file: test_datasets.py::test_bad_features_file
-"""
+raise a given error with a given message, and a check that the learner's state did not change."""
 
 from __future__ import annotations
 
-import io
-
 import numpy as np
 import pytest
-import torch
 
-from ciosl.cli import main
 from ciosl.evaluation.experiment import ExperimentSpec, run_experiment
 from ciosl.learners import make_learner
-
-D = 6
+from helpers import (
+    D,
+    snapshot,
+)
 
 
 def trained(method: str = "ciosl", **settings):
@@ -33,12 +22,6 @@ def trained(method: str = "ciosl", **settings):
     for i in range(10):
         learner.learn_one(rng.normal(size=D) + 4 * (i % 2), i % 2)
     return learner
-
-
-def snapshot(learner) -> bytes:
-    buf = io.BytesIO()
-    torch.save(learner.state_dict(), buf)
-    return buf.getvalue()
 
 
 def nan_at(n: int, pos: int, value=np.nan) -> np.ndarray:
@@ -92,42 +75,6 @@ def test_unseen_test_classes_are_scored_as_wrong_not_a_crash():
     Z = np.repeat(np.eye(2, D) * 4, 5, axis=0).astype(np.float32)
     y = np.array([0] * 5 + [7] * 5)  # class 7 was never seen: those five are wrong
     assert learner.score(Z, y) == pytest.approx(0.5)
-
-
-# (id, ``ciosl run`` arguments, text that the error must contain)
-CLI_CASES = [
-    ("unknown-method", ["--method", "nope"], ["unknown method 'nope'", "ciosl", "slda"]),
-    ("unknown-dataset", ["--method", "ncm", "--dataset", "mnist2"],
-     ["unknown dataset", "fashion-mnist"]),
-    ("ordering-not-supported", ["--method", "ncm", "--ordering", "instance"],
-     ["does not support", "class_iid"]),
-    ("unknown-setting", ["--method", "ciosl", "--set", "lamda1=1"],
-     ["unknown setting(s) lamda1", "lambda1"]),
-    ("bad-choice", ["--method", "ciosl", "--set", "selection=best"],
-     ["selection='best' is not valid", "uapn"]),
-    ("bad-type", ["--method", "ciosl", "--set", "lambda2=high"], ["expects float"]),
-    ("buffer-zero", ["--method", "tinyer", "--buffer", "0"], ["buffer must be positive"]),
-    ("buffer-below-replay", ["--method", "ciosl", "--buffer", "8"],
-     ["buffer (8) is smaller than n_replay (16)"]),
-    ("buffer-without-memory", ["--method", "slda", "--buffer", "10"], ["no replay buffer"]),
-    ("negative-checkpoint", ["--method", "ncm", "--checkpoint-every", "-1"], [">= 0"]),
-]
-
-
-@pytest.mark.parametrize(("args", "needles"), [c[1:] for c in CLI_CASES],
-                         ids=[c[0] for c in CLI_CASES])
-def test_cli_refuses_bad_requests_before_running(args, needles, tmp_path, capsys):
-    assert main(["run", *args, "--out", str(tmp_path / "out"), "--cache", str(tmp_path)]) == 2
-    err = " ".join(capsys.readouterr().err.split())
-    for needle in needles:
-        assert needle in err
-    assert not (tmp_path / "out").exists()  # nothing written
-
-
-def test_ordering_with_unknown_name_lists_choices(tmp_path, capsys):
-    with pytest.raises(SystemExit):
-        main(["run", "--method", "ncm", "--ordering", "shuffled"])
-    assert "class_instance" in capsys.readouterr().err
 
 
 def test_empty_training_set_is_refused(tmp_path):

@@ -1,17 +1,9 @@
-"""The third red-team pass, learners: number settings without a sane range. Every float setting
-now lies in a range named in its one-line error (``Learner.ranges``: per setting, by name;
-``FLOAT_RANGE``, |x| <= 1e6, for a float setting without one), integer settings that multiply
-memory or work have a bound of their own, and ``load_state_dict`` refuses a ``params`` that
-lacks settings. Each row failed before its fix.
-
-Tables: ``SETTING_CASES`` (a constructor: the error names the setting, its range and the
-value), ``LOAD_CASES`` (``load_state_dict`` on a trained learner: the error, the learner's
-state unchanged byte for byte).
-"""
+"""Number settings without a sane range. Every float setting now lies in a range named in its
+one-line error (``Learner.ranges``: per setting, by name; ``FLOAT_RANGE`` otherwise), the ends
+of each range are accepted and learn, and a saved state out of range is refused."""
 
 from __future__ import annotations
 
-import io
 import math
 import re
 
@@ -21,21 +13,9 @@ import torch
 
 from ciosl.learners import Learner, make_learner
 from ciosl.learners.base import available_methods
-
-D = 8
-
-
-def snapshot(learner) -> bytes:
-    buf = io.BytesIO()
-    torch.save(learner.state_dict(), buf)
-    return buf.getvalue()
-
-
-def blobs(n_per_class: int = 20, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    Z = rng.normal(size=(2 * n_per_class, D)).astype(np.float32)
-    Z += np.repeat(np.eye(2, D, dtype=np.float32) * 4, n_per_class, axis=0)
-    return Z, np.repeat([0, 1], n_per_class)
+from helpers import (
+    snapshot,
+)
 
 
 def trained(method: str, **settings):
@@ -47,7 +27,18 @@ def trained(method: str, **settings):
     return learner
 
 
+D = 8
+
+
+def blobs(n_per_class: int = 20, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    Z = rng.normal(size=(2 * n_per_class, D)).astype(np.float32)
+    Z += np.repeat(np.eye(2, D, dtype=np.float32) * 4, n_per_class, axis=0)
+    return Z, np.repeat([0, 1], n_per_class)
+
+
 SMALL = {"base_epochs": 1}  # the MLP heads: one base epoch is enough to have a state
+
 
 # ---------------------------------------------------------------------------- constructors
 # (id, method, settings, the one-line error's fragment)

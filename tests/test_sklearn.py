@@ -1,26 +1,73 @@
-"""The third red-team pass on the adapters (``ciosl.sklearn``, ``ciosl.river``): every call is
-all or nothing (when it raises, the object is exactly as before: the scikit-learn classifier's
-attributes byte for byte and its learner's state, the river one's learner and layout), and
-every refusal is one line naming the argument, the feature or the value. Each row failed before
-its fix.
-
-Tables: ``SKLEARN_REFUSALS`` (a refused ``fit`` / ``partial_fit`` on a fitted and on a fresh
-classifier), ``SKLEARN_WIDENING`` (labels of another width are accepted, ``classes_`` widens),
-``RIVER_CASES`` (a feature too large to be a float).
-"""
+"""The scikit-learn adapter (``ciosl.sklearn``): every call is all or nothing (when it raises, the
+classifier is exactly as before), refusals are one line, labels of another width widen the
+classes."""
 
 from __future__ import annotations
 
-import io
 import pickle
 
 import numpy as np
 import pytest
-import torch
 
-from ciosl import make_learner
-from ciosl.river import RiverClassifier
 from ciosl.sklearn import StreamingClassifier
+from helpers import (
+    one_line,
+    snapshot,
+)
+
+
+# ---------------------------------------------------------------------------- scikit-learn
+def streaming():
+    from ciosl.sklearn import StreamingClassifier
+
+    X = np.random.default_rng(0).normal(size=(8, 3))
+    return StreamingClassifier(method="ncm").fit(X, [0, 1] * 4), X
+
+
+def test_partial_fit_checks_every_row_before_learning_any():
+    clf, X = streaming()
+    before, classes = snapshot(clf.learner_), clf.classes_.tolist()
+    Xb = X[:5].copy()
+    Xb[3, 1] = 1e30
+    with pytest.raises(ValueError, match="position 3 has feature 1 = 1e\\+30"):
+        clf.partial_fit(Xb, [2, 2, 3, 4, 5])
+    assert snapshot(clf.learner_) == before and clf.classes_.tolist() == classes
+
+
+def test_partial_fit_failing_midway_leaves_everything_as_it_was(monkeypatch):
+    clf, X = streaming()
+    before, classes = snapshot(clf.learner_), clf.classes_.tolist()
+    real, calls = clf.learner_._learn_one, []
+
+    def third_fails(z, yi):
+        calls.append(1)
+        if len(calls) == 3:
+            raise FloatingPointError("training diverged")
+        real(z, yi)
+
+    monkeypatch.setattr(clf.learner_, "_learn_one", third_fails)
+    with pytest.raises(FloatingPointError):
+        clf.partial_fit(X[:4], [0, 1, 7, 8])
+    monkeypatch.undo()
+    assert snapshot(clf.learner_) == before
+    assert clf.classes_.tolist() == classes  # 7 and 8 were never learned
+
+
+def test_partial_fit_with_classes_of_another_kind_is_refused_and_later_calls_work():
+    clf, X = streaming()
+    before = snapshot(clf.learner_)
+    with pytest.raises(ValueError, match="labels must be all numbers or all strings, got known "
+                                         "labels 0, 1; classes= 'a', 'b'; y 2, 3"):
+        clf.partial_fit(X[:2], [2, 3], classes=["a", "b"])
+    assert snapshot(clf.learner_) == before and clf.classes_.tolist() == [0, 1]
+    clf.partial_fit(X[:2], [2, 3], classes=[4])
+    assert clf.classes_.tolist() == [0, 1, 2, 3, 4]
+    fresh = type(clf)(method="ncm")
+    with pytest.raises(ValueError, match="all numbers or all strings"):
+        fresh.partial_fit(X[:2], [0, 1], classes=["a"])
+    fresh.partial_fit(X[:2], [0, 1])
+    assert fresh.classes_.tolist() == [0, 1]
+
 
 X = np.random.default_rng(0).normal(size=(8, 3))
 
@@ -46,21 +93,11 @@ def state(clf: StreamingClassifier) -> tuple:
             None if learner is None else snapshot(learner))
 
 
-def snapshot(learner) -> bytes:
-    buf = io.BytesIO()
-    torch.save(learner.state_dict(), buf)
-    return buf.getvalue()
-
-
-def one_line(err: BaseException) -> str:
-    text = str(err)
-    assert "\n" not in text and len(text) < 400, text
-    return text
-
-
 # (id, labels of the fitted classifier, call, error, fragment of the message); each is tried on
 # a classifier fitted on those labels and on a fresh one
 INT, STR = (0, 1), ("a", "b")
+
+
 SKLEARN_REFUSALS = [
     ("fit-feature-too-large", INT, lambda c: c.fit(with_feature(3, 1e13), [0, 1] * 4),
      ValueError, "feature 2 = 1e+13"),
@@ -153,42 +190,3 @@ def test_sklearn_refit_after_a_refused_fit_still_works():
     assert clf.predict(X).tolist() == fitted().predict(X).tolist()
     clf.fit(with_feature(5, 0.0), [2, 3] * 4)
     assert clf.n_features_in_ == 5 and clf.classes_.tolist() == [2, 3]
-
-
-# ---------------------------------------------------------------------------- river
-def river() -> RiverClassifier:
-    clf = RiverClassifier(make_learner("ncm"))
-    clf.learn_one({"a": 1.0, "b": 0.0}, 0)
-    clf.learn_one({"a": -1.0, "b": 0.5}, 1)
-    return clf
-
-
-RIVER_CASES = [
-    ("int-beyond-float", {"a": 10**400}, "feature 'a' = 1e+400 (an int) is too large"),
-    ("negative-int-beyond-float", {"b": -(10**400)}, "feature 'b' = -1e+400 (an int) is too large"),
-    ("int-beyond-str-limit", {"a": 3 * 10**5000}, "feature 'a' = 3e+5000 (an int) is too large"),
-    ("numpy-0d-huge-int", {"a": np.array(10**400, dtype=object)}, "feature 'a' = 1e+400"),
-]
-
-
-@pytest.mark.parametrize(("x", "fragment"), [c[1:] for c in RIVER_CASES],
-                         ids=[c[0] for c in RIVER_CASES])
-def test_river_refuses_huge_ints_naming_the_feature(x, fragment):
-    clf = river()
-    before, layout = snapshot(clf.learner), list(clf.features_)
-    for call in (lambda: clf.learn_one(x, 0), lambda: clf.predict_proba_one(x),
-                 lambda: clf.predict_one(x)):
-        with pytest.raises(ValueError) as err:
-            call()
-        text = one_line(err.value)
-        assert fragment in text and len(text) < 200, text
-    assert snapshot(clf.learner) == before and clf.features_ == layout
-
-
-def test_river_a_huge_int_first_sample_fixes_no_layout():
-    clf = RiverClassifier(make_learner("ncm"))
-    with pytest.raises(ValueError, match="feature 'a'"):
-        clf.learn_one({"a": 10**400}, 0)
-    with pytest.raises(ValueError, match="feature 'a'"):
-        clf.predict_proba_one({"a": 10**400})
-    assert clf.features_ is None and clf.learner.dim_ is None

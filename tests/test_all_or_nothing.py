@@ -1,0 +1,123 @@
+"""A refused call leaves the learner exactly as it was (``Learner``'s all-or-nothing calls): each
+row of a table is a call on a fresh or trained learner that must raise a given one-line error,
+then a check that nothing changed (state, random generators, classes)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from helpers import (
+    D,
+    snapshot,
+    trained,
+)
+
+
+def huge_at(n: int, pos: int, col: int = 2, value: float = 1e30) -> np.ndarray:
+    Z = np.ones((n, D), np.float32)
+    Z[pos, col] = value
+    return Z
+
+
+def diverging(learner):
+    """The learner's update raises (as a diverging step does) on a sample of a new class."""
+    def boom(z, yi):
+        raise FloatingPointError("training diverged")
+    learner._learn_one = boom
+    learner._learn_batch = lambda Z, yi: boom(None, None)
+    return learner
+
+
+# (id, methods, call on a trained learner, error, message pattern): the state is unchanged after
+LEARNER_CASES = [
+    ("mixed-label-types", ["ncm", "slda", "ciosl", "tinyer"], lambda L: L.learn_one(np.ones(D), "1"),
+     TypeError, "label '1' is a string but this learner's labels are integers \\(first: 0\\)"),
+    ("mixed-label-types-in-a-batch", ["ncm", "finetune"],
+     lambda L: L.learn_many(np.ones((3, D)), [1, "a", 0]), TypeError, "label 'a' is a string"),
+    ("score-length", ["ncm", "ciosl"], lambda L: L.score(np.ones((3, D)), [0]), ValueError,
+     "score: 3 samples but 1 labels"),
+    ("huge-feature-ncm-slda", ["ncm", "slda"], lambda L: L.learn_one(huge_at(1, 0)[0], 0),
+     ValueError, "position 0 has feature 2 = 1e\\+30, beyond \\+-1e\\+12"),
+    ("huge-feature-in-a-batch", ["ncm", "slda", "ciosl"],
+     lambda L: L.learn_many(huge_at(5, 3, value=-3e20), [0] * 5), ValueError,
+     "position 3 has feature 2 = -3e\\+20"),
+    ("huge-feature-predict", ["slda"], lambda L: L.predict_proba(huge_at(4, 1)), ValueError,
+     "position 1 has feature 2"),
+    ("new-class-then-raise", ["ciosl", "ncm", "tinyer"],
+     lambda L: diverging(L).learn_one(np.ones(D), 9), FloatingPointError, "diverged"),
+    ("batch-raises-midway", ["ciosl", "finetune"],
+     lambda L: diverging(L).learn_many(np.ones((4, D)), [0, 1, 5, 5]), FloatingPointError,
+     "diverged"),
+]
+
+
+@pytest.mark.parametrize(("method", "call", "error", "pattern"),
+                         [(m, *c[2:]) for c in LEARNER_CASES for m in c[1]],
+                         ids=[f"{c[0]}-{m}" for c in LEARNER_CASES for m in c[1]])
+def test_learner_refuses_and_stays_unchanged(method, call, error, pattern):
+    learner = trained(method)
+    before, classes = snapshot(learner), list(learner.classes_)
+    with pytest.raises(error, match=pattern):
+        call(learner)
+    for name in ("_learn_one", "_learn_batch"):
+        learner.__dict__.pop(name, None)
+    assert learner.classes_ == classes
+    assert snapshot(learner) == before
+
+
+def test_load_state_dict_refusal_leaves_the_learner_unchanged(tmp_path):
+    learner = trained("slda")
+    before = snapshot(learner)
+    bad = learner.state_dict()
+    bad["classes"] = [0, 1, 2]  # one class more than the model has
+    with pytest.raises(ValueError, match="inconsistent learner state"):
+        learner.load_state_dict(bad)
+    assert snapshot(learner) == before
+
+
+# ---------------------------------------------------------------------------- the learners
+# (id, methods, call on a FRESH learner, error, pattern): afterwards still fresh
+FRESH_CASES = [
+    ("zero-width-fit-base", ["ncm", "slda", "ciosl", "tinyer"],
+     lambda L: L.fit_base(np.zeros((4, 0)), [0, 1, 0, 1]), ValueError,
+     "fit_base: features of width 0"),
+    ("zero-width-learn-one", ["ncm", "slda", "ciosl", "tinyer"],
+     lambda L: L.learn_one(np.zeros(0), 0), ValueError, "learn_one: features of width 0"),
+    ("finite-1e39-is-too-large", ["ncm", "slda"],
+     lambda L: L.fit_base(np.array([[1.0, 2.0], [3.0, 1e39]]), [0, 1]), ValueError,
+     r"position 1 has feature 1 = 1e\+39, beyond \+-1e\+12: too large"),
+]
+
+
+@pytest.mark.parametrize(("method", "call", "error", "pattern"),
+                         [(m, *c[2:]) for c in FRESH_CASES for m in c[1]],
+                         ids=[f"{c[0]}-{m}" for c in FRESH_CASES for m in c[1]])
+def test_fresh_learner_refuses_and_stays_fresh(method, call, error, pattern):
+    from ciosl.learners import make_learner
+
+    learner = make_learner(method)
+    with pytest.raises(error, match=pattern):
+        call(learner)
+    assert learner.dim_ is None and learner.classes_ == [] and learner.n_seen_ == 0
+
+
+TRAINED_CASES = [
+    ("finite-1e39-learn-one", ["ncm", "slda", "tinyer"],
+     lambda L: L.learn_one(np.r_[np.ones(D - 1), 1e39], 0), ValueError,
+     r"position 0 has feature 5 = 1e\+39, beyond \+-1e\+12: too large"),
+    ("finite-1e39-predict", ["ncm"],
+     lambda L: L.predict_proba(np.r_[np.ones((4, D)), [np.r_[np.ones(D - 1), -2e39]]]),
+     ValueError, r"position 4 has feature 5 = -2e\+39, beyond \+-1e\+12: too large"),
+]
+
+
+@pytest.mark.parametrize(("method", "call", "error", "pattern"),
+                         [(m, *c[2:]) for c in TRAINED_CASES for m in c[1]],
+                         ids=[f"{c[0]}-{m}" for c in TRAINED_CASES for m in c[1]])
+def test_trained_learner_refuses_and_stays_unchanged(method, call, error, pattern):
+    learner = trained(method)
+    before, classes = snapshot(learner), list(learner.classes_)
+    with pytest.raises(error, match=pattern):
+        call(learner)
+    assert learner.classes_ == classes and snapshot(learner) == before

@@ -1,0 +1,100 @@
+"""Learner settings: the wrong kind of value, NaN, integers beyond their bound, a seed beyond the
+generators, a memory too large to allocate: each refused in one line naming the setting."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from ciosl.evaluation import experiment
+from helpers import (
+    cli,
+    one_line_error,
+    trained,
+)
+
+
+def test_library_refuses_nan_settings_and_repeated_seeds():
+    from ciosl.learners import make_learner
+
+    with pytest.raises(ValueError, match="'lr' expects a finite number, got lr=nan"):
+        make_learner("finetune", lr=float("nan"))
+    make_learner("finetune", max_grad_norm=float("inf"))  # documented: plain SGD
+    with pytest.raises(ValueError, match="seeds lists seed 0 more than once"):
+        experiment.validate(experiment.ExperimentSpec(dataset="digits", ordering="class_iid",
+                                                      method="ncm", seeds=[0, 0]))
+
+
+# (id, method, settings, pattern)
+SETTING_CASES = [
+    ("buffer-float", "tinyer", {"buffer": 20.5},
+     "tinyer: setting 'buffer' expects an integer, got buffer=20.5 (float)"),
+    ("buffer-bool", "ciosl", {"buffer": True},
+     "ciosl: setting 'buffer' expects an integer, got buffer=True (bool)"),
+    ("epochs-float", "finetune", {"base_epochs": 2.0},
+     "setting 'base_epochs' expects an integer, got base_epochs=2.0"),
+    ("lr-string", "finetune", {"lr": "0.1"}, "setting 'lr' expects a number, got lr='0.1'"),
+    ("flag-int", "slda", {"streaming_update": 1},
+     "setting 'streaming_update' expects true or false, got streaming_update=1"),
+    ("choice-not-str", "ciosl", {"selection": 3}, "setting 'selection' expects a string"),
+    ("seed-bool", "ncm", {"seed": False}, "setting 'seed' expects an integer"),
+]
+
+
+@pytest.mark.parametrize(("method", "settings", "pattern"), [c[1:] for c in SETTING_CASES],
+                         ids=[c[0] for c in SETTING_CASES])
+def test_settings_of_the_wrong_kind_are_refused(method, settings, pattern):
+    from ciosl.learners import make_learner
+
+    with pytest.raises(ValueError, match=pattern.replace("(", r"\(").replace(")", r"\)")):
+        make_learner(method, **settings)
+
+
+def test_numpy_scalar_settings_save_and_load(tmp_path):
+    import ciosl
+
+    learner = trained("slda", shrinkage=np.float64(0.01), shrinkage_estimator="fixed",
+                      seed=np.int64(3))
+    assert type(learner.shrinkage) is float and type(learner.seed) is int
+    loaded = ciosl.Learner.load(learner.save(tmp_path / "l.ciosl"))
+    assert loaded.get_params() == learner.get_params()
+
+
+def test_a_replay_memory_too_large_to_allocate_names_the_setting():
+    from ciosl.learners.memory import ReplayMemory
+
+    with pytest.raises(ValueError, match=r"buffer=10000000: a replay memory of 10000000 samples "
+                                         r"x 10000000 features needs .* GiB, more than can be "
+                                         r"allocated here; use a smaller buffer \(--buffer\)"):
+        ReplayMemory(10**7, 10**7)
+
+
+@pytest.mark.parametrize(("method", "setting", "value", "fragment"), [
+    ("tinyer", "base_epochs", 10**9, "tinyer: setting 'base_epochs' must be <= 1000, got "
+                                     "base_epochs=1000000000"),
+    ("gdumb", "retrain_epochs", 5000, "setting 'retrain_epochs' must be <= 1000"),
+    ("ciosl", "mc_samples", 10**8, "ciosl: setting 'mc_samples' must be <= 1000000"),
+    ("rp_lda", "proj_dim", 10**9, "setting 'proj_dim' must be <= 1000000"),
+    ("exstream", "n_replay", 10**7, "exstream: setting 'n_replay' must be <= 1000000"),
+])
+def test_integer_settings_have_an_upper_bound(method, setting, value, fragment, tmp_path,
+                                              capsys):
+    from ciosl.learners import make_learner
+
+    with pytest.raises(ValueError, match=re.escape(fragment)):
+        make_learner(method, **{setting: value})
+    make_learner(method, **{setting: 1000 if setting.endswith("epochs") else 7})  # in range
+    argv = ["run", "--dataset", "digits", "--ordering", "iid", "--method", method, "--runs", "1",
+            "--set", f"{setting}={value}", "--out", str(tmp_path / "out")]
+    line = one_line_error(*cli(capsys, argv))
+    assert fragment in line, line
+
+
+def test_a_seed_beyond_what_the_generators_take_is_refused():
+    from ciosl.learners import make_learner
+
+    with pytest.raises(ValueError, match=r"ncm: setting 'seed' must be <= 4294967295"):
+        make_learner("ncm", seed=2**40)
+    assert make_learner("ncm", seed=2**32 - 1).seed == 2**32 - 1
