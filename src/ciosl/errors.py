@@ -155,3 +155,10 @@ def printable(text: str) -> str:
     """``text`` with every non-printable character (escape sequences, newlines, C1 controls)
     written as its Python escape, so nothing in it acts on a terminal or breaks a line."""
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
+
+
+def describe_learner(learner: object) -> str:
+    """``method 'name'``, with the class's module for a learner defined outside ciosl."""
+    cls = type(learner)
+    where = "" if cls.__module__.startswith("ciosl.") else f" ({cls.__module__}:{cls.__qualname__})"
+    return f"method {getattr(learner, 'name', cls.__name__)!r}{where}"

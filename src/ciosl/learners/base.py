@@ -21,21 +21,24 @@ the random generators, so every method rejects bad input the same way.
 from __future__ import annotations
 
 import contextlib
-import copy
 import functools
 import inspect
-import io
-import math
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
 from ciosl.checks import MAX_FEATURE, bad_feature  # noqa: F401 (MAX_FEATURE: public here too)
-from ciosl.errors import LearnerError, _describe, echo, writing
-from ciosl.fileio import atomic_write_bytes
+from ciosl.errors import LearnerError, _describe, describe_learner, echo, writing  # noqa: F401
+from ciosl.learners.atomic import AllOrNothing, _hashable  # noqa: F401
+from ciosl.learners.persistence import (  # noqa: F401
+    FILE_FORMAT,
+    FILE_VERSION,
+    Persistent,
+    _nan_at,
+    state_problem,
+)
 
 # the registry, the settings and the file checksums live in their own modules; their names stay
 # importable from here (external code and saved files may name them here)
@@ -78,10 +81,6 @@ from ciosl.serial import (  # noqa: F401
     serialize,
     with_checksum,
 )
-
-FILE_FORMAT = "ciosl-learner"  # Learner.save / Learner.load
-FILE_VERSION = 1
-
 
 SMALL_BATCH = 256  # predict_proba on fewer rows runs single-threaded too
 
@@ -136,18 +135,7 @@ def label_array(labels: list) -> np.ndarray:
     return out
 
 
-def _hashable(v: Any) -> Any:
-    return v.item() if isinstance(v, np.generic) else v
-
-
 PROBA_TOLERANCE = 1e-3  # how far a row of probabilities may sum from 1
-
-
-def describe_learner(learner: Any) -> str:
-    """``method 'name'``, with the class's module for a learner defined outside ciosl."""
-    cls = type(learner)
-    where = "" if cls.__module__.startswith("ciosl.") else f" ({cls.__module__}:{cls.__qualname__})"
-    return f"method {getattr(learner, 'name', cls.__name__)!r}{where}"
 
 
 def proba_problem(P: Any, n: int, k: int) -> str | None:
@@ -211,8 +199,10 @@ def _no_exit(fn: Callable) -> Callable:
     return guarded
 
 
-class Learner:
-    """Base class of every streaming learner. See the module docstring for the protocol."""
+class Learner(AllOrNothing, Persistent):
+    """Base class of every streaming learner. See the module docstring for the protocol. Its
+    undo machinery is ``AllOrNothing`` (atomic.py), its state and files ``Persistent``
+    (persistence.py)."""
 
     name: ClassVar[str] = ""
     violates_single_pass: ClassVar[bool] = False  # retrains / fine-tunes before inference
@@ -447,114 +437,6 @@ class Learner:
         return Z, y
 
     # ------------------------------------------------------------------ public protocol
-    @contextlib.contextmanager
-    def _all_or_nothing(self, full: bool, labels: Any = None):
-        """Leave the learner as it was if the block raises, at a cost that does not grow with
-        the state. ``full`` (a new class may grow the model, a base init or a batch changes
-        more than one step): the learner's ``_undo_record`` of what learning ``labels`` will
-        overwrite, taken before anything changes; classes added in the block are dropped by
-        truncation (``_undo``), and a state built in the block is dropped. Otherwise the random
-        generators only: a learner detects a non-finite loss before its parameters or its
-        memory move, but may have drawn replay samples by then. A learner without
-        ``_undo_record`` (one of the user's own) gets a copy of its whole state. Nested calls
-        (``learn_many`` learning sample by sample) are covered by the outermost one."""
-        if getattr(self, "_in_call", False):
-            yield
-            return
-        # fresh copies; none for a learner whose steps draw no random number (NCM, SLDA):
-        # nothing to restore, and a step saves ~3 us
-        rng = (self.rng.bit_generator.state, self.torch_rng.get_state()) \
-            if self._draws_random() else None
-        k, dim, n_seen = len(self.classes_), self.dim_, self.n_seen_
-        cheap = self._has_undo()
-        saved = record = None
-        if full and dim is not None:
-            if cheap:
-                record = self._undo_record(self._indices_of(labels))
-            else:
-                saved = copy.deepcopy(self.state_dict())
-        self._in_call = True
-        try:
-            yield
-            if record is not None:
-                self._undo_done(record)
-        except BaseException:
-            if saved is not None:
-                self.load_state_dict(saved, check=False)
-            elif full and (cheap or dim is None):
-                if dim is None:  # the state was built in this call: back to none
-                    self.classes_, self._class_index, self.dim_ = [], {}, None
-                else:
-                    self._undo(record, k)
-                    for lab in self.classes_[k:]:
-                        del self._class_index[lab]
-                    del self.classes_[k:]
-                self.n_seen_ = n_seen
-            if rng is not None:
-                self.rng.bit_generator.state, _ = rng
-                self.torch_rng.set_state(rng[1])
-            raise
-        finally:
-            self._in_call = False
-
-    draws_random: ClassVar[bool] = True  # False: no step draws from self.rng / self.torch_rng
-
-    @classmethod
-    def _draws_random(cls) -> bool:
-        """Whether a step may draw random numbers: True unless every step method (``_learn_one``,
-        ``_learn_batch``, ``_fit_base``) is defined in a class that declares ``draws_random =
-        False`` itself (a subclass overriding one of them may draw: its generators are saved)."""
-        cached = cls.__dict__.get("_draws_random_cache")
-        if cached is None:
-            owners = [next(k for k in cls.__mro__ if n in k.__dict__)
-                      for n in ("_learn_one", "_learn_batch", "_fit_base")]
-            cached = not all(k.__dict__.get("draws_random") is False for k in owners)
-            cls._draws_random_cache = cached
-        return cached
-
-    def _indices_of(self, labels: Any) -> np.ndarray:
-        """The internal index each of ``labels`` has or would get (new labels: from
-        len(classes_) on, in order of first appearance), without adding any."""
-        index, out = self._class_index, []
-        new: dict = {}
-        for v in np.asarray(labels, dtype=object).reshape(-1):
-            v = _hashable(v)
-            try:
-                k = index.get(v)
-                if k is None:
-                    k = new.setdefault(v, len(self.classes_) + len(new))
-            except TypeError:  # an unhashable label: refused by the checks later
-                continue
-            out.append(k)
-        return np.asarray(out, dtype=np.int64)
-
-    @classmethod
-    def _has_undo(cls) -> bool:
-        return cls._undo_record is not Learner._undo_record
-
-    def _undo_record(self, yi: np.ndarray) -> Any:
-        """What learning samples of classes ``yi`` (indices; those >= len(classes_) are new)
-        may overwrite, enough for ``_undo`` to restore it: never a copy of the whole state
-        (see ``ciosl.learners.undo``). Not overridden: the whole state is copied instead."""
-        raise NotImplementedError
-
-    def _undo(self, record: Any, n_classes: int) -> None:
-        """Restore what ``record`` holds and keep only the first ``n_classes`` classes."""
-        raise NotImplementedError
-
-    def _undo_done(self, record: Any) -> None:
-        """The call succeeded: ``record`` is dropped (a learner ends a journal here)."""
-
-    def _any_new(self, labels: Any) -> bool:
-        """True if ``labels`` may add a class (or the state is not built yet)."""
-        if self.dim_ is None:
-            return True
-        try:
-            return any(_hashable(v) not in self._class_index
-                       for v in np.asarray(labels, dtype=object).reshape(-1))
-        except TypeError:  # an unhashable label: refused by the checks, to be safe
-            return True
-
     def fit_base(self, Z, y) -> Learner:
         """Offline base initialization on (Z, y); the learner is unchanged if it raises."""
         with self._all_or_nothing(full=True, labels=y):
@@ -649,160 +531,6 @@ class Learner:
             raise ValueError(f"score: {len(pred)} samples but {len(y)} labels")
         return float(np.mean(pred == y))
 
-    # ------------------------------------------------------------------ state
-    def state_dict(self) -> dict[str, Any]:
-        """Everything needed to continue exactly where this learner is."""
-        return {
-            "method": self.name,
-            "params": self.get_params(),
-            "classes": list(self.classes_),
-            "dim": self.dim_,
-            "n_seen": self.n_seen_,
-            "rng": copy.deepcopy(self.rng.bit_generator.state),
-            "torch_rng": self.torch_rng.get_state().clone(),
-            "state": self._state() if self.dim_ is not None else None,
-        }
-
-    def load_state_dict(self, sd: dict[str, Any], *, check: bool = True) -> Learner:
-        """Continue from ``sd`` (a ``state_dict``). ``check``: validate it as strictly as
-        constructor settings and learned input (``ValueError`` naming the problem, and this
-        learner unchanged) -- settings in range, classes unique, of one kind and matching the
-        model's outputs, no NaN anywhere."""
-        if not check:
-            self._apply_state(sd)
-            return self
-        problem = state_problem(type(self), sd)
-        if problem is not None:
-            raise ValueError(f"{self.name}: inconsistent learner state: {problem}")
-        backup = copy.deepcopy(self.state_dict())
-        try:
-            self._apply_state(sd)
-            problem = self._output_problem()
-        except Exception as e:  # tensors of the wrong shape for the classes, and the like
-            problem = f"{type(e).__name__}: {e}"
-        if problem is not None:
-            self._apply_state(backup)
-            raise ValueError(f"{self.name}: inconsistent learner state: {problem}")
-        return self
-
-    def _output_problem(self) -> str | None:
-        """A probe of the loaded model: one output per class, finite. Learners that retrain
-        before inference (``violates_single_pass``) are not probed (too costly)."""
-        if not self.classes_ or self.violates_single_pass:
-            return None
-        rng = self.rng.bit_generator.state, self.torch_rng.get_state()  # fresh copies
-        try:
-            P = np.asarray(self._predict_proba(np.zeros((1, self.dim_), np.float32)))
-        finally:
-            self.rng.bit_generator.state = rng[0]
-            self.torch_rng.set_state(rng[1])
-        if P.shape != (1, len(self.classes_)):
-            return (f"the model answers with {P.shape[-1]} outputs for {len(self.classes_)} "
-                    "classes")
-        if not np.isfinite(P).all():
-            return "the model's answers are not finite"
-        return None
-
-    def _apply_state(self, sd: dict[str, Any]) -> None:
-        if sd.get("method") != self.name:
-            raise ValueError(f"state of method {sd.get('method')!r} given to {self.name!r}")
-        added = {k: v for k, v in type(self).added_settings.items() if k not in sd["params"]}
-        for k, v in {**added, **sd["params"]}.items():  # a state older than a setting: its value
-            setattr(self, k, v)
-        self._reset()
-        self.dim_ = sd["dim"]
-        if self.dim_ is not None:
-            self._init_state(self.dim_)
-            for lab in sd["classes"]:
-                self._encode_new([lab])
-            self._load_state(sd["state"])
-        self.n_seen_ = sd["n_seen"]
-        self.rng.bit_generator.state = copy.deepcopy(sd["rng"])
-        self.torch_rng.set_state(sd["torch_rng"].clone())
-
-    # ------------------------------------------------------------------ files
-    def save(self, path: str | Path) -> Path:
-        """Write the learner to a self-describing file (method, settings, version, tensors).
-
-        ``torch.save`` of plain containers and tensors, written atomically (temporary file,
-        fsync, rename); ``Learner.load`` reads it with ``weights_only=True``, so loading never
-        runs code from the file.
-        """
-        from ciosl import __version__
-
-        data = serialize(with_checksum(
-            {"format": FILE_FORMAT, "format_version": FILE_VERSION, "ciosl_version": __version__,
-             "method": self.name, "settings": plain(self.get_params()),
-             "state": self.state_dict()}), f"{describe_learner(self)}: cannot save to {path}")
-        with writing(path):
-            return atomic_write_bytes(path, data)
-
-    @classmethod
-    def load(cls, path: str | Path) -> Learner:
-        """A learner saved with ``save``; ``Learner.load`` gives the saved method's class,
-        ``SomeMethod.load`` refuses a file of another method."""
-        from ciosl.data.archive import ArchiveError, check_zip
-        from ciosl.fileio import check_regular
-
-        path = check_regular(path, "ciosl learner file")  # a FIFO or a device would block
-        try:
-            check_zip(path, "ciosl learner file")  # sizes checked before anything inflates
-            blob = torch.load(path, map_location="cpu", weights_only=True)
-        except (FileNotFoundError, ArchiveError):
-            raise
-        except Exception as e:
-            raise ValueError(f"{path} is not a readable ciosl learner file ({type(e).__name__}: "
-                             f"{e})") from None
-        if not isinstance(blob, dict) or blob.get("format") != FILE_FORMAT:
-            raise ValueError(f"{path} is not a ciosl learner file")
-        missing = [k for k in ("format_version", "method", "settings", "state") if k not in blob]
-        if missing:
-            raise ValueError(f"{path}: damaged ciosl learner file: missing {', '.join(missing)}")
-        version = blob["format_version"]
-        if isinstance(version, bool) or not isinstance(version, int):
-            raise ValueError(f"{path}: damaged ciosl learner file: format_version must be an "
-                             f"integer, got {version!r}")
-        if not isinstance(blob["method"], str) or not isinstance(blob["settings"], dict):
-            raise ValueError(f"{path}: damaged ciosl learner file: method must be a name and "
-                             "settings a table")
-        if blob["format_version"] > FILE_VERSION:
-            raise ValueError(
-                f"{path} has learner file format version {blob['format_version']} (written by "
-                f"ciosl {blob.get('ciosl_version')}), newer than this ciosl supports "
-                f"({FILE_VERSION}); upgrade ciosl")
-        method = blob["method"]
-        if cls is not Learner and method != cls.name:
-            raise ValueError(f"{path} holds a {method!r} learner, not {cls.name!r}; load it with "
-                             "ciosl.Learner.load")
-        if cls is Learner:  # a registered method only: a name in a file never imports a module
-            registered = available_methods()
-            if method not in registered:
-                raise ValueError(f"{path} holds a learner of method {method!r}, which is not "
-                                 "registered here (a learner of your own: import its module "
-                                 "first)")
-            cls = registered[method]
-        try:
-            learner = cls(**blob["settings"])
-            learner.load_state_dict(blob["state"])
-        except (ValueError, TypeError) as e:
-            raise ValueError(f"{path}: {e}") from None
-        # last, so that a file edited into an inconsistent state gets the reason above
-        problem = checksum_problem(blob)
-        if problem is not None:
-            raise ValueError(f"{path}: damaged ciosl learner file: {problem}")
-        return learner
-
-    def memory_bytes(self) -> int:
-        """Size of the learner's state (model, memory buffers) as it would be serialized."""
-        buf = io.BytesIO()
-        try:
-            torch.save(self.state_dict(), buf)
-        except Exception as e:  # a function or an unpicklable object of the learner's own
-            raise LearnerError(f"{describe_learner(self)}: its state cannot be saved "
-                               f"({_describe(e)}); a state holds numbers, strings, lists, "
-                               "tables and tensors") from None
-        return buf.getbuffer().nbytes
-
     # ------------------------------------------------------------------ to implement
     def _init_state(self, dim: int) -> None:
         raise NotImplementedError
@@ -831,69 +559,8 @@ class Learner:
         raise NotImplementedError
 
 
-for _name in GUARDED:
-    setattr(Learner, _name, _no_exit(Learner.__dict__[_name]))
-
-
-def _nan_at(obj: Any, where: str) -> str | None:
-    """The path of the first NaN in a nested state (tensors, arrays, numbers), or None."""
-    if isinstance(obj, torch.Tensor):
-        return where if obj.is_floating_point() and bool(torch.isnan(obj).any()) else None
-    if isinstance(obj, np.ndarray):
-        return where if obj.dtype.kind == "f" and bool(np.isnan(obj).any()) else None
-    if isinstance(obj, float):
-        return where if math.isnan(obj) else None
-    items = (obj.items() if isinstance(obj, dict)
-             else enumerate(obj) if isinstance(obj, list | tuple) else ())
-    for k, v in items:
-        found = _nan_at(v, f"{where}.{k}")
-        if found is not None:
-            return found
-    return None
-
-
-def state_problem(cls: type[Learner], sd: Any) -> str | None:
-    """What is wrong with a ``state_dict`` for ``cls`` before it is applied (None: nothing
-    found): missing keys, settings that are unknown or out of range, classes that are not
-    unique integers or strings of one kind, a width or count that is not a count, NaN."""
-    if not isinstance(sd, dict):
-        return f"expected a table, got {type(sd).__name__}"
-    need = ("method", "params", "classes", "dim", "n_seen", "rng", "torch_rng", "state")
-    missing = [k for k in need if k not in sd]
-    if missing:
-        return f"missing {', '.join(missing)}"
-    params = sd["params"]
-    if not isinstance(params, dict):
-        return "params must be a table of settings"
-    known = {s.name for s in cls.settings()}
-    unknown = sorted(set(params) - known, key=str)
-    if unknown:
-        return f"unknown setting(s) {', '.join(map(str, unknown))} in params"
-    # every setting, but those added after the state was written (they take their old value)
-    missing = sorted(known - set(params) - set(cls.added_settings))
-    if missing:
-        return f"params lacks setting(s) {', '.join(missing)}"
-    try:
-        cls(**params)
-    except (ValueError, TypeError) as e:
-        return f"params: {e}"
-    classes = sd["classes"]
-    if not isinstance(classes, list) or any(
-            isinstance(c, bool) or not isinstance(c, int | str) for c in classes):
-        return "classes must be a list of integers or strings"
-    if len({type(c) for c in classes}) > 1:
-        return "classes mix integers and strings"
-    if len(set(classes)) != len(classes):
-        return "classes lists a label twice"
-    dim, n_seen = sd["dim"], sd["n_seen"]
-    if dim is not None and (isinstance(dim, bool) or not isinstance(dim, int) or dim < 1):
-        return f"dim must be a positive integer or None, got {dim!r}"
-    if dim is None and classes:
-        return "classes without a model (dim is None)"
-    if isinstance(n_seen, bool) or not isinstance(n_seen, int) or n_seen < 0:
-        return f"n_seen must be an integer >= 0, got {n_seen!r}"
-    nan = _nan_at(sd["state"], "state")
-    return f"{nan} holds NaN" if nan is not None else None
+for _name in GUARDED:  # Learner's own or its parts' (state_dict, load_state_dict, memory_bytes)
+    setattr(Learner, _name, _no_exit(inspect.getattr_static(Learner, _name)))
 
 
 Factory = Callable[..., Learner]

@@ -1,0 +1,128 @@
+"""All-or-nothing learner calls: when ``fit_base``, ``learn_one`` or ``learn_many`` raises, the
+learner is exactly as before, at a cost that does not grow with its state. ``AllOrNothing`` is
+a part of ``ciosl.learners.base.Learner`` (a mixin): the learner's own ``_undo_record`` /
+``_undo`` say what a step overwrites and how to put it back (see ``ciosl.learners.undo``)."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from typing import Any, ClassVar
+
+import numpy as np
+
+
+def _hashable(v: Any) -> Any:
+    return v.item() if isinstance(v, np.generic) else v
+
+
+class AllOrNothing:
+    """The undo machinery of ``Learner`` (``_all_or_nothing`` and the hooks it calls)."""
+
+    @contextlib.contextmanager
+    def _all_or_nothing(self, full: bool, labels: Any = None):
+        """Leave the learner as it was if the block raises, at a cost that does not grow with
+        the state. ``full`` (a new class may grow the model, a base init or a batch changes
+        more than one step): the learner's ``_undo_record`` of what learning ``labels`` will
+        overwrite, taken before anything changes; classes added in the block are dropped by
+        truncation (``_undo``), and a state built in the block is dropped. Otherwise the random
+        generators only: a learner detects a non-finite loss before its parameters or its
+        memory move, but may have drawn replay samples by then. A learner without
+        ``_undo_record`` (one of the user's own) gets a copy of its whole state. Nested calls
+        (``learn_many`` learning sample by sample) are covered by the outermost one."""
+        if getattr(self, "_in_call", False):
+            yield
+            return
+        # fresh copies; none for a learner whose steps draw no random number (NCM, SLDA):
+        # nothing to restore, and a step saves ~3 us
+        rng = (self.rng.bit_generator.state, self.torch_rng.get_state()) \
+            if self._draws_random() else None
+        k, dim, n_seen = len(self.classes_), self.dim_, self.n_seen_
+        cheap = self._has_undo()
+        saved = record = None
+        if full and dim is not None:
+            if cheap:
+                record = self._undo_record(self._indices_of(labels))
+            else:
+                saved = copy.deepcopy(self.state_dict())
+        self._in_call = True
+        try:
+            yield
+            if record is not None:
+                self._undo_done(record)
+        except BaseException:
+            if saved is not None:
+                self.load_state_dict(saved, check=False)
+            elif full and (cheap or dim is None):
+                if dim is None:  # the state was built in this call: back to none
+                    self.classes_, self._class_index, self.dim_ = [], {}, None
+                else:
+                    self._undo(record, k)
+                    for lab in self.classes_[k:]:
+                        del self._class_index[lab]
+                    del self.classes_[k:]
+                self.n_seen_ = n_seen
+            if rng is not None:
+                self.rng.bit_generator.state, _ = rng
+                self.torch_rng.set_state(rng[1])
+            raise
+        finally:
+            self._in_call = False
+
+    draws_random: ClassVar[bool] = True  # False: no step draws from self.rng / self.torch_rng
+
+    @classmethod
+    def _draws_random(cls) -> bool:
+        """Whether a step may draw random numbers: True unless every step method (``_learn_one``,
+        ``_learn_batch``, ``_fit_base``) is defined in a class that declares ``draws_random =
+        False`` itself (a subclass overriding one of them may draw: its generators are saved)."""
+        cached = cls.__dict__.get("_draws_random_cache")
+        if cached is None:
+            owners = [next(k for k in cls.__mro__ if n in k.__dict__)
+                      for n in ("_learn_one", "_learn_batch", "_fit_base")]
+            cached = not all(k.__dict__.get("draws_random") is False for k in owners)
+            cls._draws_random_cache = cached
+        return cached
+
+    def _indices_of(self, labels: Any) -> np.ndarray:
+        """The internal index each of ``labels`` has or would get (new labels: from
+        len(classes_) on, in order of first appearance), without adding any."""
+        index, out = self._class_index, []
+        new: dict = {}
+        for v in np.asarray(labels, dtype=object).reshape(-1):
+            v = _hashable(v)
+            try:
+                k = index.get(v)
+                if k is None:
+                    k = new.setdefault(v, len(self.classes_) + len(new))
+            except TypeError:  # an unhashable label: refused by the checks later
+                continue
+            out.append(k)
+        return np.asarray(out, dtype=np.int64)
+
+    @classmethod
+    def _has_undo(cls) -> bool:
+        return cls._undo_record is not AllOrNothing._undo_record
+
+    def _undo_record(self, yi: np.ndarray) -> Any:
+        """What learning samples of classes ``yi`` (indices; those >= len(classes_) are new)
+        may overwrite, enough for ``_undo`` to restore it: never a copy of the whole state
+        (see ``ciosl.learners.undo``). Not overridden: the whole state is copied instead."""
+        raise NotImplementedError
+
+    def _undo(self, record: Any, n_classes: int) -> None:
+        """Restore what ``record`` holds and keep only the first ``n_classes`` classes."""
+        raise NotImplementedError
+
+    def _undo_done(self, record: Any) -> None:
+        """The call succeeded: ``record`` is dropped (a learner ends a journal here)."""
+
+    def _any_new(self, labels: Any) -> bool:
+        """True if ``labels`` may add a class (or the state is not built yet)."""
+        if self.dim_ is None:
+            return True
+        try:
+            return any(_hashable(v) not in self._class_index
+                       for v in np.asarray(labels, dtype=object).reshape(-1))
+        except TypeError:  # an unhashable label: refused by the checks, to be safe
+            return True
