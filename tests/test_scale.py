@@ -8,9 +8,11 @@ import copy
 import numpy as np
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 from ciosl.conformance import class_stream, fitted
-from ciosl.learners import available_methods, make_learner, rplda
+from ciosl.learners import available_methods, finetune, make_learner, rplda
 from ciosl.learners import slda as slda_module
 from ciosl.learners.base import Learner, digest
 from ciosl.learners.ncm import NCM
@@ -91,9 +93,9 @@ def test_new_class_cost_does_not_grow_with_classes(method, counted):
 
 @pytest.mark.parametrize("method", ["tinyer", "ciosl", "agem", "gdumb"])
 def test_new_class_record_does_not_copy_the_memory(method, counted):
-    """The undo record of a memory-based learner copies its head (the step moves every
-    parameter), never its replay memory: the elements cloned for a new class are the same
-    with a memory of 20 samples or of 400."""
+    """The undo record of a memory-based learner may copy its head (CIOSL's flat vectors;
+    the MLP heads write theirs out of place instead), never its replay memory: the elements
+    cloned for a new class are the same with a memory of 20 samples or of 400."""
     cloned = []
     for buffer in (20, 400):
         learner = _grown(method, 6, buffer=buffer)
@@ -243,7 +245,7 @@ def test_evaluation_predicts_in_bounded_chunks(monkeypatch):
 def test_mlp_output_layer_grows_without_a_pass_over_it(method, counted, monkeypatch):
     """A new class grows the MLP head's output layer and its momentum by capacity doubling
     (``pingpong``): no concatenation or zero-padding of the layer, and an undo record that
-    copies the hidden layers only. Elements cloned, concatenated and zero-filled for a new
+    copies no value (the step writes out of place, ``SGD.guard``). Elements cloned, concatenated and zero-filled for a new
     class are the same at 20 classes and at 600 (away from a doubling)."""
     made = {"cat": 0, "zeros": 0}
     cat, zeros = torch.cat, torch.zeros
@@ -343,3 +345,45 @@ def test_a_known_class_sample_whose_block_commit_fails_leaves_the_learner_as_bef
         twin.learn_one(Z[i], int(y[i]))
     assert digest(learner.state_dict()) == digest(twin.state_dict())
     np.testing.assert_array_equal(learner.predict_proba(Z), twin.predict_proba(Z))
+
+
+class _Written(TorchDispatchMode):
+    """Elements written by every tensor operation run under it (views write nothing)."""
+
+    def __init__(self):
+        super().__init__()
+        self.n = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if not func.is_view:
+            self.n += sum(t.numel() for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor))
+        return out
+
+
+@pytest.mark.parametrize("method", ["tinyer", "remind"])
+def test_new_class_extra_work_does_not_grow_with_the_hidden_layers(method, monkeypatch):
+    """The elements a new class's learn_one writes (clones, copies, allocations, the step)
+    beyond those of a known class's, at the same moment, are the same whether the first hidden
+    layer has 32 units or 256: the undo record of a new class makes no pass over the hidden
+    layers or their momentum (the step writes them out of place, ``SGD.guard``). The last
+    hidden layer (the width of a new output row) and the replay batch stay the same."""
+    settings = {"tinyer": {"buffer": 8, "n_replay": 4},
+                "remind": {"buffer": 8, "n_replay": 4, "pq_subvectors": 4, "pq_nbits": 3}}
+    rng = np.random.default_rng(3)
+    Z = rng.normal(size=(64, 8)).astype(np.float32)
+    extra = []
+    for width in (32, 256):
+        monkeypatch.setattr(finetune, "HIDDEN", (width, 16))
+        learner = make_learner(method, base_epochs=1, **settings[method])
+        learner.fit_base(Z[:16], [0, 1] * 8)  # the memory (8 items) is full from here on
+        for k in range(2, 12):
+            learner.learn_one(Z[16 + k], k)
+        assert learner.net.params[0].shape[0] == width
+        written = {}
+        for kind, y in (("known", 3), ("new", 12), ("known", 4), ("new", 13)):
+            with _Written() as w:  # the second of each is measured (the first warms up)
+                learner.learn_one(Z[40], y)
+            written[kind] = w.n
+        extra.append(written["new"] - written["known"])
+    assert extra[0] == extra[1], extra

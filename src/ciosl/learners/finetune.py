@@ -103,32 +103,25 @@ class FineTune(Learner):
     def _grows_first(self, yi: np.ndarray) -> bool:
         """True if the call's first sample brings a new class: the output layer (and its
         momentum) grows in place before any step (``pingpong``: rows appended after the live
-        ones, no copy), and the call's first step writes the layer's new values into the other
-        buffers (``SGD.guard``), so the rows as they were stay untouched (kept by reference)."""
+        ones, no copy)."""
         return bool(len(yi)) and int(yi[0]) >= len(self.classes_)
 
     def _undo_record(self, yi: np.ndarray) -> dict[str, Any]:
-        """A step moves every parameter and momentum buffer in place: their values (the head,
-        not the learner's memory), but for the output layer when it is about to grow."""
-        grows = self._grows_first(yi)
+        """The head and its optimizer by reference, no value copied: the call's first step of
+        each parameter writes it and its momentum out of place (``SGD.guard``: the output
+        layer's rows into the other buffers of ``pingpong``, the other layers into spare
+        tensors), so the tensors as they were before the call stay untouched."""
         self.net.out_rows()  # adopted now (after a load), before the references are kept
         rows = [keep(pp) for pp in self.opt.pingpongs()]
         net, opt = keep(self.net), keep(self.opt)
-        n = len(self.net.params) - (2 if grows else 0)
-        if grows:
-            self.opt.guard()
-        return {"net": net, "opt": opt, "rows": rows,
-                "values": [(t, t.detach().clone()) for t in self.net.params[:n]]
-                + [(b, b.clone()) for b in self.opt.buffers[:n] if b is not None]}
+        self.opt.guard()
+        return {"net": net, "opt": opt, "rows": rows}
 
     def _undo(self, record: dict[str, Any], n_classes: int) -> None:
         for pp in record["rows"]:
             restore(pp)
         restore(record["net"])
         restore(record["opt"])
-        with torch.no_grad():
-            for t, saved in record["values"]:
-                t.copy_(saved)
         for p in self.net.params:
             p.grad = None  # a gradient left by the failed step would add to the next one
 

@@ -161,6 +161,9 @@ class SGD:
         self.net = net
         self.rows: dict[int, PingPong] = {}  # momentum rows of the output layer, by index
         self._guarded: tuple[int, ...] = ()
+        # the other layers, guarded: (parameter, momentum) of the same shapes that a guarded
+        # step writes into, by index; the tensors it replaced become the spares
+        self.spares: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     @torch.no_grad()
     def clip(self, params: list[torch.Tensor]) -> None:
@@ -170,16 +173,19 @@ class SGD:
             clip_grad_norm_([p.grad for p in params], self.max_grad_norm)
 
     def guard(self) -> None:
-        """The next step leaves the output layer's rows and momentum as they were before it
-        (it writes their new values into the other buffers, ``pingpong``): a call that grew
-        the layer is undone by putting back references, with no copy."""
+        """The next step of each parameter leaves it and its momentum as they were before it:
+        the output layer's rows and momentum are written into the other buffers
+        (``pingpong``), the other layers and their momentum into spare tensors of the same
+        shapes (``_spare_step``), with the same arithmetic; the step's tensors replace the old
+        ones in ``net.params`` and ``buffers``. A call is undone by putting back references
+        (the lists, ``spares``), with no copy."""
         net = self.net
         if net is None:
             return
         out = net.out_rows()
         for pp in out:
             pp.guard()
-        self._guarded = (len(net.params) - 2, len(net.params) - 1)
+        self._guarded = tuple(range(len(net.params)))
 
     def pingpongs(self) -> list[PingPong]:
         """Every growing-rows object of the step (the net's output layer, the momentum)."""
@@ -227,10 +233,39 @@ class SGD:
             buf = self.buffers[i]
             if buf is None or buf.shape != p.shape:
                 buf = self._fit(buf, p.shape, p.device)  # first step: 0 * m + d == d, as torch does
+            elif rows and i in self._guarded:
+                self._spare_step(params, i, d, buf)
+                continue
             buf.mul_(self.momentum).add_(d)
             self.buffers[i] = buf
+            if rows and i in self._guarded:  # a fresh momentum buffer: the parameter only
+                self._spare_step(params, i, None, buf)
+                continue
             p.sub_(buf, alpha=self.lr)
             p.grad = None
+
+    def _spare_step(self, params: list[torch.Tensor], i: int, d: torch.Tensor | None,
+                    buf: torch.Tensor) -> None:
+        """``step``'s arithmetic for parameter ``i`` of a guarded step, out of place: buf = m
+        buf + d (``d`` None: ``buf`` is already the new momentum, a fresh tensor) and p - lr buf
+        written into spare tensors, which replace ``buf`` and ``p``; the old ones, untouched,
+        become the spares (``torch.mul(b, m, out=s)`` / ``torch.sub(p, b, out=s)`` compute what
+        ``b.mul_(m)`` / ``p.sub_(b)`` do, bit for bit)."""
+        p = params[i]
+        self._guarded = tuple(j for j in self._guarded if j != i)
+        sp, sb = self.spares.get(i, (None, None))
+        if sp is None or sp.shape != p.shape or sp.device != p.device or sp is p:
+            sp = torch.empty_like(p).requires_grad_(p.requires_grad)
+        if d is not None:
+            if sb is None or sb.shape != buf.shape or sb.device != buf.device or sb is buf:
+                sb = torch.empty_like(buf)
+            torch.mul(buf, self.momentum, out=sb)
+            sb.add_(d)
+            buf, sb = sb, buf
+        torch.sub(p, buf, alpha=self.lr, out=sp)
+        p.grad = None
+        self.buffers[i], params[i] = buf, sp
+        self.spares[i] = (p, sb)  # (the undo record keeps a copy of the dict: ``keep``)
 
     @staticmethod
     def _fit(buf: torch.Tensor | None, shape: torch.Size,
