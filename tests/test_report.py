@@ -458,6 +458,27 @@ def test_shipped_reference_report_matches_its_results(tmp_path):
     assert "Evidence: [docs/findings.md](../../findings.md)" in shipped
 
 
+def test_the_offline_rows_do_not_depend_on_the_files_times(tmp_path):
+    """Offline-hat and the final table's offline row take the reference most of a column's
+    results share, not the newest file's: main-fashion's CIOSL cells, rerun after the offline
+    cache was rebuilt, divide by a reference that differs in the last digits, and a fresh clone
+    gives every file the same time."""
+    src = Path(__file__).resolve().parent.parent / "docs" / "results" / "main-fashion"
+    tables = []
+    for newest in ("ciosl.json", "tinyer.json"):
+        folder = tmp_path / newest
+        folder.mkdir()
+        for i, path in enumerate(sorted(src.glob("*.json"))):
+            copy_ = folder / path.name
+            shutil.copyfile(path, copy_)
+            t = 2e9 if path.name.endswith(newest) else 1e9 + i
+            os.utime(copy_, (t, t))
+        report = write_report(folder, fmt="md", out=tmp_path / f"{newest}.md")
+        tables.append([report.markdown(k).splitlines()[-1] for k in ("main", "final")])
+    assert tables[0] == tables[1]
+    assert tables[0][0].startswith("| Offline accuracy (Offline-hat) | 0.8729 |"), tables[0][0]
+
+
 def test_no_row_label_of_a_shipped_report_is_longer_than_60_characters():
     docs = Path(__file__).resolve().parent.parent / "docs" / "results"
     reports = sorted(docs.glob("*/report.md"))

@@ -15,7 +15,14 @@ import numpy as np
 from matplotlib.figure import Figure as MplFigure
 from matplotlib.ticker import NullFormatter, ScalarFormatter
 
-from ciosl.report.results import REGIME_ORDER, Column, Entry, method_key, pick
+from ciosl.report.results import (
+    REGIME_ORDER,
+    Column,
+    Entry,
+    method_key,
+    offline_entry,
+    pick,
+)
 from ciosl.report.tables import Table
 from ciosl.report.text import file_slug, mpl_escape
 
@@ -91,8 +98,8 @@ def accuracy_figures(entries: list[Entry], folder: Path) -> list[Figure]:
                     color=color, label=mpl_escape(e.label), lw=2.5 if ours else 1.4,
                     zorder=3 if ours else 2)
             ax.fill_between(pos, mean - std, mean + std, color=color, alpha=band, lw=0)
-        ref = pick([pick(v) for v in by_col[column].values()])
-        if all(r.get("accuracy_offline") for r in ref.data["runs"]):
+        ref = offline_entry([pick(v) for v in by_col[column].values()])
+        if ref is not None and all(r.get("accuracy_offline") for r in ref.data["runs"]):
             pos, mean, _ = _curve(ref, "accuracy_offline")
             ax.plot(pos, mean, ":", color="black", lw=2, label="offline reference")
         ax.set_xlabel("stream position (samples learned)")

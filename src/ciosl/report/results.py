@@ -375,6 +375,29 @@ def drop_duplicates(entries: list[Entry]) -> tuple[list[Entry], list[tuple[Entry
     return sorted(kept, key=lambda e: order[id(e)]), duplicates
 
 
+def offline_entry(entries: list[Entry]) -> Entry | None:
+    """The result whose offline reference stands for a column's: the reference most of its
+    results share (every method of a stream divides by one; a cell rerun after the offline
+    cache was rebuilt can carry one that differs in the last digits), ties to the first result
+    by file name. A pure function of the results, not of their files' times (a fresh clone
+    gives them all one)."""
+    found = sorted(((str(e.path), v, e) for e in entries
+                    if (v := offline_mean(e)) is not None), key=lambda t: t[0])
+    if not found:
+        return None
+    counts: dict[float, int] = {}
+    for _, v, _ in found:
+        counts[round(v, 9)] = counts.get(round(v, 9), 0) + 1
+    best = max(counts.values())
+    return next(e for _, v, e in found if counts[round(v, 9)] == best)
+
+
+def offline_hat(entries: list[Entry]) -> float | None:
+    """A column's Offline-hat: ``offline_mean`` of its ``offline_entry``."""
+    entry = offline_entry(entries)
+    return None if entry is None else offline_mean(entry)
+
+
 def offline_mean(entry: Entry) -> float | None:
     """Mean over runs and the testing events Omega_all averages (``entry.omega_events``) of the
     offline learner's accuracy (the paper's Offline-hat)."""

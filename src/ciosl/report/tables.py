@@ -42,7 +42,8 @@ from ciosl.report.results import (
     Entry,
     method_key,
     method_name,
-    offline_mean,
+    offline_entry,
+    offline_hat,
     pick,
 )
 from ciosl.report.text import md_escape, shorten, superscript
@@ -179,7 +180,7 @@ def main_table(entries: list[Entry], legend: Legend) -> Table | None:
     hat = []
     for j in range(len(columns)):
         col = [row[j] for row in grid if row[j] is not None]
-        value = offline_mean(pick(col)) if col else None
+        value = offline_hat(col)
         hat.append(MISSING if value is None else f"{value:.4f}")
     table.rows.append(["Offline accuracy (Offline-hat)"] + hat)
     table.notes = [
@@ -218,8 +219,9 @@ def final_table(entries: list[Entry], legend: Legend) -> Table | None:
     offline = []
     for j in range(len(columns)):
         col = [row[j] for row in grid if row[j] is not None]
-        last = [r["accuracy_offline"][-1] for r in pick(col).data["runs"]
-                if r.get("accuracy_offline")] if col else []
+        ref = offline_entry(col)
+        last = [r["accuracy_offline"][-1] for r in ref.data["runs"]
+                if r.get("accuracy_offline")] if ref is not None else []
         offline.append(f"{100 * sum(last) / len(last):.2f}" if last else MISSING)
     table.rows.append(["Offline learner"] + offline)
     table.notes = ["Accuracy on the test set after the whole stream (mean ± std over runs); "
