@@ -36,8 +36,8 @@ import torch
 from ciosl.learners import available_methods, make_learner
 from ciosl.learners.base import Learner
 
-FAST = ("ncm", "slda", "rp_lda")  # a step independent of the number of classes
-SETTINGS = {"rp_lda": {"proj_dim": 512}}  # D = 4096 (the default) is 10 s per 256-row block
+FAST = ("ncm", "slda", "rp_lda", "ranpac")  # a step independent of the number of classes
+SETTINGS = {"rp_lda": {"proj_dim": 512}, "ranpac": {"proj_dim": 512}}  # D = 4096 (the default) is 10 s per 256-row block
 
 
 def single_pass() -> list[str]:

@@ -75,11 +75,11 @@ def _grown(method: str, n_classes: int, **settings) -> Learner:
     return learner
 
 
-@pytest.mark.parametrize("method", ["ncm", "slda", "rp_lda"])
+@pytest.mark.parametrize("method", ["ncm", "slda", "rp_lda", "ranpac"])
 def test_new_class_cost_does_not_grow_with_classes(method, counted):
-    """A new class clones nothing in NCM, SLDA and RP-LDA, with 20 classes or 600: its
-    rollback is a truncation (arrays grown by capacity doubling)."""
-    settings = {"proj_dim": 16} if method == "rp_lda" else {}
+    """A new class clones nothing in NCM, SLDA, RP-LDA and RanPAC (RP-LDA's statistics), with
+    20 classes or 600: its rollback is a truncation (arrays grown by capacity doubling)."""
+    settings = {"proj_dim": 16} if method in ("rp_lda", "ranpac") else {}
     z = np.ones(8, np.float32)
     for K in (20, 600):
         learner = _grown(method, K, **settings)
