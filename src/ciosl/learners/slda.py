@@ -119,17 +119,20 @@ class SLDA(BlockMeans):
         """S += the block's exact scatter update, before the means mu (K, d) and counts n (K,)
         take the block (Chan et al.; it equals Welford's sample-by-sample updates summed):
         the rows' scatter about their block class means nu_k, plus, per class seen before,
-        n_k m_k / (n_k + m_k) (nu_k - mu_k)(nu_k - mu_k)^T. One GEMM on the stacked rows, on
-        the lower tiles only (``rplda.add_gram_``)."""
+        n_k m_k / (n_k + m_k) (nu_k - mu_k)(nu_k - mu_k)^T. Both in one product of the block's
+        rows alone, each about its class's shifted centre
+        c_k = nu_k - (n_k / (n_k + m_k))^0.5 (nu_k - mu_k): since the m_k rows z_i - nu_k sum
+        to zero, sum_i (z_i - c_k)(z_i - c_k)^T = sum_i (z_i - nu_k)(z_i - nu_k)^T
+        + m_k (nu_k - c_k)(nu_k - c_k)^T, and m_k (nu_k - c_k)(nu_k - c_k)^T is the term
+        above (c_k = nu_k for a new class). Still a sum of outer products of rows, nothing
+        subtracted (no cancellation), and no extra row per class seen before (issue 34: those
+        rows made the product up to twice as tall, 92 more of 256 at 100 classes); equal to
+        the form with those rows up to rounding. One GEMM on the lower tiles only
+        (``rplda.add_gram_``)."""
         n0 = n[u].double()
-        seen = torch.nonzero(n0 > 0).reshape(-1)  # (u',) positions in u
-        X = torch.empty(len(Z64) + len(seen), Z64.shape[1], dtype=torch.float64)
-        torch.sub(Z64, nu[inv], out=X[:len(Z64)])
-        if len(seen):
-            m_s, n_s = m[seen].double(), n0[seen]
-            w = (n_s * m_s / (n_s + m_s)).sqrt_()  # (u',)
-            torch.mul(nu[seen] - mu[u[seen]], w[:, None], out=X[len(Z64):])
-        add_gram_(S, X, tile=256)
+        f = (n0 / (n0 + m)).sqrt_()  # (u,), 0 for a class new in the block
+        c = torch.addcmul(nu, nu - mu[u], f[:, None], value=-1.0)  # (u, d) the centres c_k
+        add_gram_(S, torch.sub(Z64, c[inv]), tile=256)
 
     @property
     def shrinkage_(self) -> float:
