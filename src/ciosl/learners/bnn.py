@@ -190,15 +190,17 @@ class BayesMLP:
         return self.prior_prec.rsqrt()
 
     def refresh_prior(self) -> None:
-        """prior := current posterior (means and precisions copied; into the spare buffers
-        when guarded)."""
-        _, m = self._flats["prior_mu"].target(copy=False)
-        m.copy_(self.mu)
-        old, p = self._flats["prior_prec"].target(copy=False)
-        if p is old and self.precision_floor:  # in place: the formula reads the old prior
-            p.copy_(self.precision(out=self._scratch[0]))
-        else:
-            self.precision(out=p)
+        """prior := current posterior (means and precisions copied): into the spare buffers
+        inside a call that may be undone (guarded, ``flat``), else into new vectors (a
+        snapshot that later steps never touch, as a fresh tensor would be)."""
+        new = []
+        for name in ("prior_mu", "prior_prec"):
+            fl = self._flats[name]
+            if not fl.guarded:
+                fl = self._flats[name] = fl.fresh()
+            new.append(fl.target(copy=False)[1])
+        new[0].copy_(self.mu)
+        p = self.precision(out=new[1])  # (the floor reads the old prior: not synced yet)
         self._prior_prec_max = float(p.max()) if p.numel() else 0.0
         self._sync()
 

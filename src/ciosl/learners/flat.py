@@ -24,13 +24,21 @@ import torch
 
 
 class Flat:
-    def __init__(self, data: torch.Tensor, head: int, fan_in: int, *, pair: bool = True):
-        """``data`` (P,) = [head elements, n_out (fan_in) rows, n_out biases], copied."""
+    def __init__(self, data: torch.Tensor | None, head: int, fan_in: int, *, n: int = 0,
+                 pair: bool = True):
+        """``data`` (P,) = [head elements, n_out (fan_in) rows, n_out biases], copied; None:
+        ``n`` output units, values unset."""
         self.head, self.fan_in, self.pair = int(head), int(fan_in), pair
-        n = (data.numel() - self.head) // (self.fan_in + 1)
-        assert self.head + n * (self.fan_in + 1) == data.numel(), "not [head, Wo, bo]"
+        if data is not None:
+            n = (data.numel() - self.head) // (self.fan_in + 1)
+            assert self.head + n * (self.fan_in + 1) == data.numel(), "not [head, Wo, bo]"
         self._alloc(n, max(8, 2 * n))
-        self.bufs[0][:data.numel()] = data.detach()
+        if data is not None:
+            self.bufs[0][:data.numel()] = data.detach()
+
+    def fresh(self) -> Flat:
+        """A new ``Flat`` of the same layout, values unset."""
+        return Flat(None, self.head, self.fan_in, n=self.n, pair=self.pair)
 
     def _alloc(self, n: int, rows: int) -> None:
         size = self.head + rows * (self.fan_in + 1)
