@@ -171,8 +171,9 @@ class BayesMLP:
         self.prior_mu, self.prior_prec = fl["prior_mu"].live, fl["prior_prec"].live  # (P,)
         self.prec0 = fl["prec0"].live  # (P,)
         P, cap = self.P, fl["mu"].bufs[fl["mu"].cur].numel()
-        if self._work.shape[1] < cap:  # (3, capacity): sigma^2, a temporary, the gradient
-            self._work = torch.empty(3, cap)
+        if self._work.shape[1] < cap:  # (3, capacity): sigma^2, a temporary, the gradient;
+            self._work = torch.empty(3, -(-cap // 16) * 16)  # rows 64-byte aligned, as fresh
+            # tensors are (a matrix product's result may depend on its operands' alignment)
         self._scratch = self._work[:2, :P]  # (2, P), each row written whole before it is read
         self._var_views = self.views(self._scratch[0])
         self.grad = self._work[2, :P]  # (P,) the step's gradient (``backward`` writes it all)
