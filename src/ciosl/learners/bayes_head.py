@@ -121,7 +121,7 @@ class FlatSGD(SGD):
     tensor of a ``BayesMLP``, in a single pass with torch's fused CPU SGD kernel where it exists
     (``head.SGD``'s arithmetic otherwise). The momentum ``buffers[0]`` is the live view of a
     ``flat.Flat`` in the means' layout (``flat``): it grows in place with the output layer, and
-    a guarded step (``guard``) writes the means and the momentum in their spare buffers."""
+    a guarded step writes the means and the momentum in their spare buffers."""
 
     def __init__(self, net: BayesMLP, *, lr: float, momentum: float, weight_decay: float):
         super().__init__([net.mu], lr=lr, momentum=momentum, weight_decay=weight_decay)
@@ -160,12 +160,11 @@ class FlatSGD(SGD):
             buf.mul_(self.momentum).add_(d)
             p.sub_(buf, alpha=self.lr)
 
-    def guard(self) -> list[Flat]:
-        """The momentum's ``Flat`` guarded (``flat``), in a list (empty before the first step)."""
-        fl = self.flat if self.flat is not None and self.flat.live is self.buffers[0] else None
-        if fl is not None:
-            fl.guard()
-        return [fl] if fl is not None else []
+    def flats(self) -> list[Flat]:
+        """The momentum's ``Flat`` in a list (empty before the first step, or while a loaded
+        buffer is not adopted yet: a step then copies it into a new ``Flat``)."""
+        fl = self.flat
+        return [fl] if fl is not None and fl.live is self.buffers[0] else []
 
 
 class BayesHead(Learner):
@@ -237,10 +236,12 @@ class BayesHead(Learner):
     def _undo_record(self, yi: np.ndarray) -> dict[str, Any]:
         """Every flat vector grows in place and a step writes the means, the Fisher EMA and the
         momentum in place (a refresh the prior): their ``Flat``s are snapshotted and guarded,
-        so that the call's first write of each goes to its spare buffer (``flat``); the rest
-        is kept by reference. No copy, whatever the call does."""
+        so that the call's first write of each goes to its spare buffer (``flat``; the step
+        copies mu, Fbar and the momentum there first, torch's fused SGD being in place only);
+        a growth is undone by moving the output biases back, O(n_out); the rest is kept by
+        reference."""
         net, opt = self.net, self.opt
-        flats = [*net.flats(), *opt.guard()]
+        flats = [*net.flats(), *opt.flats()]
         for fl in flats:
             if fl.pair:
                 fl.guard()
