@@ -12,7 +12,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from ciosl.conformance import class_stream, fitted
-from ciosl.learners import available_methods, finetune, make_learner, rplda
+from ciosl.learners import available_methods, bayes_head, finetune, make_learner, rplda
 from ciosl.learners import slda as slda_module
 from ciosl.learners.base import Learner, digest
 from ciosl.learners.ncm import NCM
@@ -386,4 +386,33 @@ def test_new_class_extra_work_does_not_grow_with_the_hidden_layers(method, monke
                 learner.learn_one(Z[40], y)
             written[kind] = w.n
         extra.append(written["new"] - written["known"])
+    assert extra[0] == extra[1], extra
+
+
+@pytest.mark.parametrize("method", ["ciosl", "vcl"])
+def test_bayesian_head_new_class_extra_work_is_the_undo_copies_only(method, monkeypatch):
+    """The elements a new class's learn_one writes beyond a known class's, at the same moment,
+    are the undo record's copies of the three vectors a step overwrites in place (the means,
+    the Fisher EMA, the momentum: 3 P, torch's fused SGD kernel is in place only) plus work
+    that does not depend on the hidden layers: the flat vectors grow in place (``flat``), with
+    no concatenation, reallocation or zero-fill of (P,) vectors. Checked with a first hidden
+    layer of 32 units and of 256 (P grows ~8x); the last hidden layer (the width of a new
+    output row) and the replay batch stay the same."""
+    settings = {"ciosl": {"buffer": 8, "n_replay": 4, "n_distill": 4}, "vcl": {}}
+    rng = np.random.default_rng(3)
+    Z = rng.normal(size=(64, 8)).astype(np.float32)
+    extra = []
+    for width in (32, 256):
+        monkeypatch.setattr(bayes_head, "HIDDEN", (width, 16))
+        learner = make_learner(method, base_epochs=1, **settings[method])
+        learner.fit_base(Z[:16], [0, 1] * 8)
+        for k in range(2, 12):
+            learner.learn_one(Z[16 + k], k)
+        assert learner.net.shapes[0] == (width, 8)
+        written = {}
+        for kind, y in (("known", 3), ("new", 12), ("known", 4), ("new", 13)):
+            with _Written() as w:  # the second of each is measured (the first warms up)
+                learner.learn_one(Z[40], y)
+            written[kind] = w.n
+        extra.append(written["new"] - written["known"] - 3 * learner.net.P)
     assert extra[0] == extra[1], extra

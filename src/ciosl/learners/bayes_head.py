@@ -53,6 +53,7 @@ import torch
 
 from ciosl.learners.base import Learner
 from ciosl.learners.bnn import BayesMLP
+from ciosl.learners.flat import Flat
 from ciosl.learners.head import HIDDEN, SGD, check_finite, clip_grad_norm_
 from ciosl.learners.undo import keep, keep_attrs, restore
 
@@ -117,20 +118,53 @@ def scores(logits: torch.Tensor, P: torch.Tensor, Y: torch.Tensor, n: int, k: in
 
 class FlatSGD(SGD):
     """``head.SGD`` (d = g + wd p; buf = m buf + d; p -= lr buf) for the one flat parameter
-    tensor, in a single pass with torch's fused CPU SGD kernel where it exists (``head.SGD``'s
-    own step otherwise)."""
+    tensor of a ``BayesMLP``, in a single pass with torch's fused CPU SGD kernel where it exists
+    (``head.SGD``'s arithmetic otherwise). The momentum ``buffers[0]`` is the live view of a
+    ``flat.Flat`` in the means' layout (``flat``): it grows in place with the output layer, and
+    a guarded step writes the means and the momentum in their spare buffers."""
+
+    def __init__(self, net: BayesMLP, *, lr: float, momentum: float, weight_decay: float):
+        super().__init__([net.mu], lr=lr, momentum=momentum, weight_decay=weight_decay)
+        self.flat: Flat | None = None  # the momentum's storage, made at the first step
+
+    def momentum_flat(self, net: BayesMLP) -> Flat | None:
+        """The momentum's ``Flat`` (adopted from ``buffers[0]`` if that was loaded or set
+        since), None before the first step."""
+        buf = self.buffers[0]
+        if buf is None or (self.flat is not None and self.flat.live is buf):
+            return None if buf is None else self.flat
+        self.flat = net._flat(self._fit(buf, net.mu.shape))  # zero-padded as SGD pads
+        self.buffers[0] = self.flat.live
+        return self.flat
+
+    def grow(self, net: BayesMLP, n_new: int) -> None:
+        """Zero momentum for ``n_new`` new output units (call before ``net.grow``)."""
+        fl = self.momentum_flat(net)
+        if fl is not None:
+            self.buffers[0] = fl.grow(0.0, 0.0, n_new)
 
     @torch.no_grad()
-    def step(self, params: list[torch.Tensor]) -> None:
-        (p,) = params
-        if not _FUSED or p.grad is None or not self.momentum:  # the fused kernel takes no
-            return super().step(params)  # momentum buffer at momentum 0: head.SGD's step
-        if self.buffers[0] is None or self.buffers[0].shape != p.shape:
-            self.buffers[0] = self._fit(self.buffers[0], p.shape)  # zeros: m * 0 + d == d
-        torch._fused_sgd_([p], [p.grad], [self.buffers[0]], weight_decay=self.weight_decay,
-                          momentum=self.momentum, lr=self.lr, dampening=0.0, nesterov=False,
-                          maximize=False, is_first_step=False)
-        p.grad = None
+    def step_net(self, net: BayesMLP, grad: torch.Tensor) -> None:
+        """One step of ``net``'s means on ``grad`` (P,)."""
+        p = net.write("mu")
+        if self.buffers[0] is None:  # the first step: zeros (m * 0 + d == d, as torch does)
+            self.buffers[0] = torch.zeros_like(p)
+        _, buf = self.momentum_flat(net).target(copy=True)
+        self.buffers[0] = buf
+        if _FUSED and self.momentum:
+            torch._fused_sgd_([p], [grad], [buf], weight_decay=self.weight_decay,
+                              momentum=self.momentum, lr=self.lr, dampening=0.0,
+                              nesterov=False, maximize=False, is_first_step=False)
+        else:  # the fused kernel takes no momentum buffer at momentum 0: head.SGD's step
+            d = grad.add(p, alpha=self.weight_decay) if self.weight_decay else grad
+            buf.mul_(self.momentum).add_(d)
+            p.sub_(buf, alpha=self.lr)
+
+    def flats(self) -> list[Flat]:
+        """The momentum's ``Flat`` in a list (empty before the first step, or while a loaded
+        buffer is not adopted yet: a step then copies it into a new ``Flat``)."""
+        fl = self.flat
+        return [fl] if fl is not None and fl.live is self.buffers[0] else []
 
 
 class BayesHead(Learner):
@@ -183,34 +217,47 @@ class BayesHead(Learner):
                         precision_floor=self.precision_floor == "prior", generator=generator)
 
     def _new_opt(self, net: BayesMLP) -> FlatSGD:
-        return FlatSGD([net.mu], lr=self.lr, momentum=self.momentum,
-                       weight_decay=self.weight_decay)
+        return FlatSGD(net, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay)
 
     def _init_state(self, dim: int) -> None:
         self.net = self._new_net(dim, 0, self.torch_rng)
         self.opt = self._new_opt(self.net)
-        self._grad = torch.zeros_like(self.net.mu)  # (P,) reused every step
+        self._grad = self.net.grad  # (P,) reused every step
         self._since_refresh = 0  # stream samples since the last prior refresh
         self._streaming = False  # fit_base done or stream started: class refreshes apply
 
     def _add_class(self) -> None:
         if self.prior_refresh == "class" and self._streaming:
             self.net.refresh_prior()  # the posterior that knows the old classes
-        (self.opt.buffers[0],) = self.net.grow(1, self.torch_rng, carry=(self.opt.buffers[0],))
-        self._grad = torch.zeros_like(self.net.mu)
+        self.opt.grow(self.net, 1)
+        self.net.grow(1, self.torch_rng)
+        self._grad = self.net.grad
 
     def _undo_record(self, yi: np.ndarray) -> dict[str, Any]:
-        """A step moves the means, the Fisher EMA and the momentum in place: their values; the
-        prior, a grown layer and the scratch buffers are replaced: kept by reference."""
-        grows = bool(len(yi)) and int(yi[0]) >= len(self.classes_)  # a new class first:
-        # the flat means, Fisher and momentum are replaced by grown ones before any step
-        return {"net": keep(self.net, *(() if grows else ("mu", "fisher"))),
-                "opt": keep(self.opt, *(() if grows else ("buffers",))),
+        """Every flat vector grows in place and a step writes the means, the Fisher EMA and the
+        momentum in place (a refresh the prior): their ``Flat``s are snapshotted and guarded,
+        so that the call's first write of each goes to its spare buffer (``flat``; the step
+        copies mu, Fbar and the momentum there first, torch's fused SGD being in place only);
+        a growth is undone by moving the output biases back, O(n_out); the rest is kept by
+        reference."""
+        net, opt = self.net, self.opt
+        flats = [*net.flats(), *opt.flats()]
+        for fl in flats:
+            if fl.pair:
+                fl.guard()
+        return {"net": keep(net), "opt": keep(opt),
+                "flats": [(fl, fl.snapshot()) for fl in flats],
                 "head": keep_attrs(self, ("_grad", "_since_refresh", "_streaming"))}
 
     def _undo(self, record: dict[str, Any], n_classes: int) -> None:
         for part in ("net", "opt", "head"):
             restore(record[part])
+        for fl, snap in record["flats"]:
+            fl.restore(snap)
+
+    def _undo_done(self, record: dict[str, Any]) -> None:
+        for fl, _ in record["flats"]:  # a vector the call did not write: no longer guarded
+            fl.guarded = False
 
     def _state(self) -> dict[str, Any]:
         return {"net": self.net.state(), "momentum": self.opt.state(),
@@ -219,7 +266,7 @@ class BayesHead(Learner):
     def _load_state(self, state: dict[str, Any]) -> None:
         self.net.load(state["net"])
         self.opt.load(state["momentum"])
-        self._grad = torch.zeros_like(self.net.mu)
+        self._grad = self.net.grad
         self._since_refresh = int(state["since_refresh"])
         self._streaming = bool(state["streaming"])
 
@@ -292,9 +339,8 @@ class BayesHead(Learner):
         net.accumulate_fisher(cache, G)  # the first draw's rows
         kl = self._kl_scale(n_data, n_ce) if kl_scale is None else kl_scale
         net.add_kl_grad(self._grad, kl, max_curvature=1.0 / self.lr)  # stable: lr * curvature <= 1
-        net.mu.grad = self._grad
         clip_grad_norm_([self._grad], self.max_grad_norm)
-        self.opt.step([net.mu])
+        self.opt.step_net(net, self._grad)
         return out
 
     def _dlogits(self, g: torch.Tensor, logits: torch.Tensor, Y: torch.Tensor,

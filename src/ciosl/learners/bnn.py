@@ -45,8 +45,15 @@ from the posterior on demand (``refresh_prior``).
 Init: means as ``torch.nn.Linear`` (uniform +-1/sqrt(fan_in)), ``Fbar`` = 0 (the posterior
 scales start at the prior's), prior N(0, s^2 / fan_in). Growth: a new output unit's mean is
 initialised as a fresh layer's would be, its curvature is 0 (so its scale is the prior's) and
-its prior is the initial prior. Nothing already learned moves: old rows of mu, Fbar, the prior
-and any carried buffer (momentum) are copied bit for bit.
+its prior is the initial prior. Nothing already learned moves.
+
+Storage: every flat vector (mu, Fbar, the prior's means and precisions, pi_0) is a ``flat.Flat``:
+the live (P,) vector is the start of a buffer with room for more output units, and a new unit
+is written in place in O(fan_in + n_out) (the layout, and so every result, stays the same as a
+freshly concatenated vector's). The step's temporaries (sigma^2, the KL's difference, the
+gradient) are rows of one work buffer of the same capacity, each written whole before it is
+read. Undo (``bayes_head``): ``flats()`` are snapshotted before a call and guarded, so that the
+call's first write of each goes to its spare buffer (``write``).
 """
 
 from __future__ import annotations
@@ -57,6 +64,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from ciosl.learners.flat import Flat
 from ciosl.learners.head import HIDDEN, MLP
 
 
@@ -94,6 +102,24 @@ class BayesMLP:
         mu = torch.cat([m.reshape(-1) for m in means])  # (P,)
         self._set(mu, torch.zeros_like(mu), 0, 0.0, torch.zeros_like(mu), self._prec0())
 
+    def _flat(self, data: torch.Tensor, pair: bool = True) -> Flat:
+        """A ``Flat`` of a (P,) tensor in this network's layout (copied)."""
+        fan_in = self.shapes[-2][1]
+        return Flat(data, data.numel() - self.n_out * (fan_in + 1), fan_in, pair=pair)
+
+    def flats(self) -> list[Flat]:
+        """Every flat vector (mu, Fbar, pi_0, the prior's means and precisions)."""
+        return list(self._flats.values())
+
+    def write(self, name: str) -> torch.Tensor:
+        """The live vector ``name`` ("mu", "fisher"), about to be written in place: moved to
+        its spare buffer first (a copy) if it is guarded (``flat``)."""
+        fl = self._flats[name]
+        if fl.guarded:
+            fl.target(copy=True)
+            self._sync()
+        return fl.live
+
     # ------------------------------------------------------------------ layout
     @property
     def n_layers(self) -> int:
@@ -127,30 +153,57 @@ class BayesMLP:
 
     def _set(self, mu: torch.Tensor, fisher: torch.Tensor, fisher_steps: int, evidence: float,
              prior_mu: torch.Tensor, prior_prec: torch.Tensor) -> None:
-        self.mu = mu  # (P,) the means, the optimizer's parameter
-        self.mu_l = self.views(mu)
-        self.fisher = fisher  # (P,) EMA of the per-sample Fisher diagonal (not bias-corrected)
-        self._fisher_views = self.views(fisher)
+        """The state from (P,) tensors (copied)."""
+        self._flats = {"mu": self._flat(mu), "fisher": self._flat(fisher),
+                       "prec0": self._flat(self._prec0(), pair=False)}  # the prior: set_prior
         self.fisher_steps = int(fisher_steps)
         self.evidence = float(evidence)  # samples / temperature the posterior accounts for
-        self.prec0 = self._prec0()  # (P,)
+        self._work = torch.empty(0, 0)
         self.set_prior(prior_mu, prior_prec)
-        P = mu.numel()
-        self._scratch = torch.empty(2, P)  # (2, P) sigma^2 and a temporary of a step
+
+    def _sync(self) -> None:
+        """The live views of the flat vectors and the work buffer's rows."""
+        fl = self._flats
+        self.mu = fl["mu"].live  # (P,) the means, the optimizer's parameter
+        self.mu_l = self.views(self.mu)
+        self.fisher = fl["fisher"].live  # (P,) EMA of the per-sample Fisher (not bias-corrected)
+        self._fisher_views = self.views(self.fisher)
+        self.prior_mu, self.prior_prec = fl["prior_mu"].live, fl["prior_prec"].live  # (P,)
+        self.prec0 = fl["prec0"].live  # (P,)
+        P, cap = self.P, fl["mu"].bufs[fl["mu"].cur].numel()
+        if self._work.shape[1] < cap:  # (3, capacity): sigma^2, a temporary, the gradient;
+            self._work = torch.empty(3, -(-cap // 16) * 16)  # rows 64-byte aligned, as fresh
+            # tensors are (a matrix product's result may depend on its operands' alignment)
+        self._scratch = self._work[:2, :P]  # (2, P), each row written whole before it is read
         self._var_views = self.views(self._scratch[0])
+        self.grad = self._work[2, :P]  # (P,) the step's gradient (``backward`` writes it all)
         self._grad_views: tuple = (None,)
 
     def set_prior(self, prior_mu: torch.Tensor, prior_prec: torch.Tensor) -> None:
-        self.prior_mu, self.prior_prec = prior_mu, prior_prec  # (P,), (P,)
+        """The prior's means and precisions (P,) (copied)."""
+        self._flats["prior_mu"] = self._flat(prior_mu)
+        self._flats["prior_prec"] = self._flat(prior_prec)
         self._prior_prec_max = float(prior_prec.max()) if prior_prec.numel() else 0.0
+        self._sync()
 
     @property
     def prior_sigma(self) -> torch.Tensor:
         return self.prior_prec.rsqrt()
 
     def refresh_prior(self) -> None:
-        """prior := current posterior (means and precisions copied)."""
-        self.set_prior(self.mu.detach().clone(), self.precision())
+        """prior := current posterior (means and precisions copied): into the spare buffers
+        inside a call that may be undone (guarded, ``flat``), else into new vectors (a
+        snapshot that later steps never touch, as a fresh tensor would be)."""
+        new = []
+        for name in ("prior_mu", "prior_prec"):
+            fl = self._flats[name]
+            if not fl.guarded:
+                fl = self._flats[name] = fl.fresh()
+            new.append(fl.target(copy=False)[1])
+        new[0].copy_(self.mu)
+        p = self.precision(out=new[1])  # (the floor reads the old prior: not synced yet)
+        self._prior_prec_max = float(p.max()) if p.numel() else 0.0
+        self._sync()
 
     # ------------------------------------------------------------------ the posterior scales
     def _fisher_weight(self) -> float:
@@ -181,6 +234,7 @@ class BayesMLP:
         m = G.shape[0]
         if not m:
             return
+        self.write("fisher")
         # rate 0: the running mean of every update (rate 1 / t), the EMA's limit as the rate
         # goes to 0 (its bias-corrected value tends to that mean): nothing is forgotten
         rate = self.fisher_decay or 1.0 / (self.fisher_steps + 1)
@@ -289,27 +343,22 @@ class BayesMLP:
     # ------------------------------------------------------------------ growth and state
     def grow(self, n_new: int, generator: torch.Generator,
              carry: tuple[torch.Tensor | None, ...] = ()) -> list[torch.Tensor | None]:
-        """Add ``n_new`` output units. ``carry``: other (P,) tensors in mu's layout (momentum
-        buffers) to grow with zeros. Returns them grown."""
-        old = list(self.shapes)
+        """Add ``n_new`` output units, in place (``flat``). ``carry``: other (P,) tensors in
+        mu's layout to return grown with zeros (new tensors)."""
         fan_in = self.shapes[-2][1]
         Wn, bn = MLP._layer(fan_in, n_new, generator)  # Linear-style means of the new units
+        prec = torch.tensor(fan_in / self.prior_scale ** 2).item()  # the initial prior's, f32
+        out = [None if c is None else self._flat(c).grow(0.0, 0.0, n_new).clone() for c in carry]
+        fl = self._flats
+        fl["mu"].grow(Wn, bn, n_new)
+        fl["fisher"].grow(0.0, 0.0, n_new)
+        fl["prior_mu"].grow(0.0, 0.0, n_new)
+        fl["prior_prec"].grow(prec, prec, n_new)
+        fl["prec0"].grow(prec, prec, n_new)
         n_out = self.n_out + n_new
         self.shapes[-2:] = [(n_out, fan_in), (n_out,)]
-
-        def grown(flat: torch.Tensor, W: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-            n_W, n_b = _numel(old[-2]), _numel(old[-1])  # the output layer is last
-            head, Wo, bo = flat.split([flat.numel() - n_W - n_b, n_W, n_b])
-            return torch.cat([head, Wo, W.reshape(-1), bo, b.reshape(-1)])
-
-        def full(v: float) -> tuple[torch.Tensor, torch.Tensor]:
-            return torch.full((n_new, fan_in), v), torch.full((n_new,), v)
-
-        zeros = full(0.0)
-        out = [None if c is None else grown(c, *zeros) for c in carry]
-        self._set(grown(self.mu.detach(), Wn, bn), grown(self.fisher, *zeros),
-                  self.fisher_steps, self.evidence, grown(self.prior_mu, *zeros),
-                  grown(self.prior_prec, *full(fan_in / self.prior_scale ** 2)))
+        self._prior_prec_max = max(self._prior_prec_max, prec)
+        self._sync()
         return out
 
     def state(self) -> dict[str, torch.Tensor]:
@@ -322,6 +371,5 @@ class BayesMLP:
         if state["mu"].shape != self.mu.shape:
             raise ValueError(f"BNN state of {state['mu'].numel()} parameters given to a "
                              f"network of {self.P}")
-        self._set(state["mu"].clone(), state["fisher"].clone(), int(state["fisher_steps"]),
-                  float(state["evidence"]), state["prior_mu"].clone(),
-                  state["prior_prec"].clone())
+        self._set(state["mu"], state["fisher"], int(state["fisher_steps"]),
+                  float(state["evidence"]), state["prior_mu"], state["prior_prec"])

@@ -262,6 +262,7 @@ class CIOSL(BayesHead):
         self._base_classes = record["base_classes"]
 
     def _undo_done(self, record: dict[str, Any]) -> None:
+        super()._undo_done(record)
         self.memory.commit()
 
     def _state(self) -> dict[str, Any]:

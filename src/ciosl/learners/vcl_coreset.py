@@ -129,6 +129,7 @@ class VCLCoreset(VCL):
         self._tuned, self._tuned_key = record["tuned"]
 
     def _undo_done(self, record: dict[str, Any]) -> None:
+        super()._undo_done(record)
         self.memory.commit()
 
     def _state(self) -> dict[str, Any]:
