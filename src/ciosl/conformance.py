@@ -448,6 +448,49 @@ def check_failure_rolls_back(cls, settings) -> None:
     np.testing.assert_array_equal(learner.predict_proba(Zt), twin.predict_proba(Zt))
 
 
+def check_nonfinite_step_rolls_back(cls, settings) -> None:
+    """(9c) All-or-nothing for a known class: a ``learn_one`` whose step finds a non-finite
+    loss (the learner's ``_check_finite`` raises, as a diverging step makes it) leaves the
+    learner exactly as before, three times in a row -- what such a step changes before its
+    check (a prior or anchor refresh, the counters that schedule it) is put back -- and it
+    continues as a twin that never failed. A learner without ``_check_finite``, or whose
+    ``learn_one`` of a known class reaches none, has no such step."""
+    from ciosl.serial import digest
+
+    if not hasattr(cls, "_check_finite"):
+        return
+    learner, twin = fitted(cls, settings), fitted(cls, settings)
+    _, _, Zs, ys = class_stream()
+    Zt, _ = held_out()
+    before = digest(learner.state_dict())
+    reached = [0]
+
+    def non_finite(*args, **kwargs):
+        reached[0] += 1
+        raise FloatingPointError("injected: the step's loss is not finite")
+
+    learner._check_finite = non_finite
+    try:
+        for i in range(3):
+            try:
+                learner.learn_one(Zs[i], INT_LABELS[ys[i]])
+            except FloatingPointError:
+                pass
+            if not reached[0]:  # no finite check on this learner's path: nothing to test
+                return
+            assert digest(learner.state_dict()) == before, (
+                f"a known-class learn_one failed at its finite check ({i + 1} time(s)) but "
+                "left the state changed")
+            assert learner.n_seen_ == twin.n_seen_ and learner.classes_ == twin.classes_
+    finally:
+        del learner._check_finite
+    np.testing.assert_array_equal(learner.predict_proba(Zt), twin.predict_proba(Zt))
+    for z in (learner, twin):
+        learn(z, Zs[:5], ys[:5])
+    assert digest(learner.state_dict()) == digest(twin.state_dict()), (
+        "after a rolled-back non-finite step the learner continues differently from a twin")
+
+
 def check_metadata(cls, settings) -> None:
     """(10) Registry name, single-pass flag, description and one help line per setting."""
     assert cls.name and available_methods().get(cls.name, cls) is cls, (
@@ -463,7 +506,7 @@ CHECKS = [check_constructor, check_emerging_classes, check_probabilities,
           check_predict_is_argmax, check_predict_one, check_same_seed, check_memory_layout,
           check_state_round_trip,
           check_save_load, check_memory_capacity, check_above_chance, check_bad_input,
-          check_failure_rolls_back, check_metadata]
+          check_failure_rolls_back, check_nonfinite_step_rolls_back, check_metadata]
 
 
 def _reason(e: BaseException) -> str:

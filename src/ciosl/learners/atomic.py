@@ -40,6 +40,8 @@ class AllOrNothing:
         k, dim, n_seen = len(self.classes_), self.dim_, self.n_seen_
         cheap = self._has_undo()
         saved = record = None
+        # a known-class step: what it may change before it finds a non-finite loss
+        light = self._step_record() if not full and dim is not None else None
         if full and dim is not None:
             if cheap:
                 record = self._undo_record(self._indices_of(labels))
@@ -62,6 +64,8 @@ class AllOrNothing:
                         del self._class_index[lab]
                     del self.classes_[k:]
                 self.n_seen_ = n_seen
+            if light is not None:
+                self._step_undo(light)
             if rng is not None:
                 self.rng.bit_generator.state, _ = rng
                 self.torch_rng.set_state(rng[1])
@@ -113,6 +117,16 @@ class AllOrNothing:
     def _undo(self, record: Any, n_classes: int) -> None:
         """Restore what ``record`` holds and keep only the first ``n_classes`` classes."""
         raise NotImplementedError
+
+    def _step_record(self) -> Any:
+        """What a ``learn_one`` of a known class (no undo record: no copy per sample) changes
+        before its step can find a non-finite loss and raise -- a refresh's new references, the
+        counters that schedule it -- kept by reference, never a copy; ``_step_undo`` puts it
+        back. None (the default): such a step changes nothing before its check."""
+        return None
+
+    def _step_undo(self, record: Any) -> None:
+        """Put back what ``_step_record`` kept."""
 
     def _undo_done(self, record: Any) -> None:
         """The call succeeded: ``record`` is dropped (a learner ends a journal here)."""

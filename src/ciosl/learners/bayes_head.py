@@ -249,6 +249,18 @@ class BayesHead(Learner):
                 "flats": [(fl, fl.snapshot()) for fl in flats],
                 "head": keep_attrs(self, ("_grad", "_since_refresh", "_streaming"))}
 
+    def _step_record(self) -> tuple:
+        """A known-class step refreshes the prior when it is due (new vectors, outside a
+        guarded call), counts the sample and sets the evidence before its finite check:
+        references and counters."""
+        return (keep_attrs(self, ("_since_refresh", "_streaming")),
+                keep_attrs(self.net, ("_flats", "_prior_prec_max", "prior_mu", "prior_prec",
+                                          "evidence")))
+
+    def _step_undo(self, record: tuple) -> None:
+        for part in record:
+            restore(part)
+
     def _undo(self, record: dict[str, Any], n_classes: int) -> None:
         for part in ("net", "opt", "head"):
             restore(record[part])

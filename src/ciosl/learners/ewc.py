@@ -169,6 +169,15 @@ class EWC(FineTune):
             self, ("omega", "n_omega", "omega_frozen", "anchor", "_curv", "_since_refresh",
                    "_streaming"), mutable=() if grows else ("omega",))}
 
+    def _step_record(self) -> tuple:
+        """A known-class step may re-anchor (new references) and counts the sample before its
+        finite check."""
+        return keep_attrs(self, ("anchor", "omega_frozen", "_curv", "_since_refresh",
+                                 "_streaming"))
+
+    def _step_undo(self, record: tuple) -> None:
+        restore(record)
+
     def _undo(self, record: dict[str, Any], n_classes: int) -> None:
         super()._undo(record, n_classes)
         restore(record["ewc"])
