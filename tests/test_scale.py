@@ -455,3 +455,20 @@ def test_ewc_new_class_allocates_nothing_of_the_model_size(method):
         assert learner.net.params[-2].shape[0] == K + 2
         extra.append(fresh["new"] - fresh["known"])
     assert extra[0] == extra[1], extra
+
+
+@pytest.mark.parametrize("method", ["ewc", "mas"])
+def test_ewc_rollback_keeps_the_output_rows_in_place(method):
+    """After a rolled-back new-class call, the output layer and its momentum are still the
+    live rows of their ``pingpong`` storage (put back, not re-adopted by a copy at the next
+    call): the undo records of the head and of EWC's storage do not overwrite each other."""
+    from ciosl.conformance import InjectedFailure, failing_after
+
+    learner = _grown(method, 6, base_epochs=1)
+    z = np.ones(8, np.float32)
+    with failing_after(learner, "_learn_one"), pytest.raises(InjectedFailure):
+        learner.learn_one(z, 6)
+    out, opt = learner.net.out, learner.opt
+    assert out[0].holds(learner.net.params[-2]) and out[1].holds(learner.net.params[-1])
+    n = len(learner.net.params)
+    assert all(opt.rows[i].holds(opt.buffers[i]) for i in (n - 2, n - 1))

@@ -213,7 +213,7 @@ class EWC(FineTune):
         and kept by reference: no value copied."""
         return {**super()._undo_record(yi),
                 "ewc": keep_attrs(self, ("_rows", "n_omega", "_since_refresh", "_streaming")),
-                "rows": self._guard(*self.SLOTS)}
+                "ewc_rows": self._guard(*self.SLOTS)}
 
     def _step_record(self) -> tuple:
         """A known-class step counts the sample, and may re-anchor, before its finite check:
@@ -231,7 +231,7 @@ class EWC(FineTune):
     def _undo(self, record: dict[str, Any], n_classes: int) -> None:
         super()._undo(record, n_classes)
         restore(record["ewc"])
-        for pp in record["rows"]:
+        for pp in record["ewc_rows"]:
             restore(pp)
 
     def _state(self) -> dict[str, Any]:
