@@ -183,6 +183,37 @@ def test_anchor_refreshes_at_new_labels_and_every_R_samples_only(method):
 
 
 @pytest.mark.parametrize("method", ["ewc", "mas"])
+def test_a_known_step_failing_after_its_refresh_leaves_the_anchor_as_before(method):
+    """A known-class learn_one re-anchors (a refresh is due) before its finite check raises:
+    the anchor, the penalty's importance and the curvature are as before the call (the refresh
+    wrote into the spare buffers, put back on failure), and it continues as a twin."""
+    from ciosl.serial import digest
+
+    twins = [make_learner(method, refresh_every=2, base_epochs=1) for _ in range(2)]
+    Z, y = blobs([0, 1], 6, seed=4)
+    for t in twins:
+        t.fit_base(Z[:4], y[:4])
+        t.learn_one(Z[4], int(y[4]))
+        t.learn_one(Z[5], int(y[5]))  # a refresh is due at the next step
+    learner, twin = twins
+    before = digest(learner.state_dict())
+
+    def non_finite(*args, **kwargs):
+        raise FloatingPointError("injected")
+
+    learner._check_finite = non_finite
+    for _ in range(2):
+        with pytest.raises(FloatingPointError):
+            learner.learn_one(Z[6], int(y[6]))
+        assert digest(learner.state_dict()) == before
+    del learner._check_finite
+    for t in twins:
+        for z, c in zip(Z[6:], y[6:], strict=True):
+            t.learn_one(z, int(c))
+    assert digest(learner.state_dict()) == digest(twin.state_dict())
+
+
+@pytest.mark.parametrize("method", ["ewc", "mas"])
 def test_larger_lambda_keeps_parameters_closer_to_the_anchor(method):
     """A class-incremental stream: the anchor is set when class 2 arrives; the importance-
     weighted distance to it at the end shrinks as lam grows."""

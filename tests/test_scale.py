@@ -416,3 +416,59 @@ def test_bayesian_head_new_class_extra_work_is_the_undo_copies_only(method, monk
             written[kind] = w.n
         extra.append(written["new"] - written["known"] - 3 * learner.net.P)
     assert extra[0] == extra[1], extra
+
+
+class _Fresh(TorchDispatchMode):
+    """Elements of the tensors freshly allocated by every operation run under it: results that
+    share no storage with an input (views, in-place and ``out=`` results are not fresh)."""
+
+    def __init__(self):
+        super().__init__()
+        self.n = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = {t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs))[0]
+                  if isinstance(t, torch.Tensor)}
+        self.n += sum(t.numel() for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)
+                      and t.untyped_storage().data_ptr() not in inputs)
+        return out
+
+
+@pytest.mark.parametrize("method", ["ewc", "mas"])
+def test_ewc_new_class_allocates_nothing_of_the_model_size(method):
+    """A new class re-anchors EWC and MAS (theta* := theta, Omega := Omega_run) into their
+    existing storage (``pingpong`` rows, grown by capacity doubling): the elements of fresh
+    tensors a new class's learn_one allocates beyond those of a known class's, at the same
+    moment, are the same at 20 classes and at 600 (away from a doubling) -- no clone of the
+    anchor or the importance, no zero-padded copy of the running importance."""
+    z = np.ones(8, np.float32)
+    extra = []
+    for K in (20, 600):
+        learner = _grown(method, K, base_epochs=1)
+        learner.learn_one(z, K)  # a doubling, if one is due, happens here
+        fresh = {}
+        for kind, y in (("known", 3), ("new", K + 1)):
+            with _Fresh() as f:
+                learner.learn_one(z, y)
+            fresh[kind] = f.n
+        assert learner.net.params[-2].shape[0] == K + 2
+        extra.append(fresh["new"] - fresh["known"])
+    assert extra[0] == extra[1], extra
+
+
+@pytest.mark.parametrize("method", ["ewc", "mas"])
+def test_ewc_rollback_keeps_the_output_rows_in_place(method):
+    """After a rolled-back new-class call, the output layer and its momentum are still the
+    live rows of their ``pingpong`` storage (put back, not re-adopted by a copy at the next
+    call): the undo records of the head and of EWC's storage do not overwrite each other."""
+    from ciosl.conformance import InjectedFailure, failing_after
+
+    learner = _grown(method, 6, base_epochs=1)
+    z = np.ones(8, np.float32)
+    with failing_after(learner, "_learn_one"), pytest.raises(InjectedFailure):
+        learner.learn_one(z, 6)
+    out, opt = learner.net.out, learner.opt
+    assert out[0].holds(learner.net.params[-2]) and out[1].holds(learner.net.params[-1])
+    n = len(learner.net.params)
+    assert all(opt.rows[i].holds(opt.buffers[i]) for i in (n - 2, n - 1))

@@ -40,6 +40,16 @@ Design choices:
   -- such a parameter is held at its anchor, which is what a very large importance asks for.
   Parameters below the cap get exactly the EWC gradient. ``max_penalty_step=inf`` disables
   the cap (it must stay below 2 (1 + momentum) to be stable).
+
+Storage (issue 34: a new class costs no fresh tensor of the model's size): the running
+importance ``omega``, the frozen one ``omega_frozen``, the anchor ``anchor`` and the curvature
+``_curv`` are, per parameter tensor, the live rows of a ``pingpong.PingPong`` (two buffers whose
+rows grow by capacity doubling). A new class appends its output row in place; a refresh writes
+theta, Omega_run and min(lam Omega, cap) into the existing buffers (``copy_``, ``torch.mul(...,
+out=)`` then ``clamp_``: the same bits as ``torch.clamp(lam * Omega, max=cap)``). Rollback: a
+call that may be undone first ``guard``s the buffers it may write -- the first write then goes
+into the other buffer, which becomes current, so the rows as they were stay untouched -- and
+its undo record keeps the ``PingPong`` objects' references (``undo.keep``), no value copied.
 """
 
 from __future__ import annotations
@@ -52,8 +62,9 @@ import torch.nn.functional as F
 
 from ciosl.learners.base import register
 from ciosl.learners.finetune import FineTune
-from ciosl.learners.head import MAX_GRAD_NORM, SGD
-from ciosl.learners.undo import keep_attrs, restore
+from ciosl.learners.head import MAX_GRAD_NORM
+from ciosl.learners.pingpong import PingPong
+from ciosl.learners.undo import keep, keep_attrs, restore
 
 
 @register
@@ -86,6 +97,36 @@ class EWC(FineTune):
         if self.refresh_every < 1:  # lam and max_penalty_step: their ranges (Learner.ranges)
             raise ValueError(f"{self.name}: need refresh_every >= 1, got {self.refresh_every}")
 
+    # ------------------------------------------------------------------ storage
+    SLOTS: ClassVar[tuple[str, ...]] = ("omega", "omega_frozen", "anchor", "_curv")
+    omega = property(lambda self: [pp.live for pp in self._rows["omega"]])  # running mean
+    omega_frozen = property(lambda self: [pp.live for pp in self._rows["omega_frozen"]])
+    anchor = property(lambda self: [pp.live for pp in self._rows["anchor"]])
+    _curv = property(lambda self: [pp.live for pp in self._rows["_curv"]])
+
+    def _cap(self) -> float:
+        return self.max_penalty_step / self.lr  # inf: no cap
+
+    def _curvature(self, o: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """min(lam * o, cap), into ``out`` if given (the same bits)."""
+        out = torch.mul(o, self.lam, out=out) if out is not None else self.lam * o
+        return out.clamp_(max=self._cap())
+
+    def _adopt(self, omega: list, frozen: list, anchor: list) -> None:
+        """Fresh storage holding these values (``_init_state``, ``_load_state``)."""
+        self._rows = {name: [PingPong(t) for t in ts] for name, ts in (
+            ("omega", omega), ("omega_frozen", frozen), ("anchor", anchor),
+            ("_curv", [self._curvature(f) for f in frozen]))}
+
+    def _guard(self, *names: str) -> list[tuple]:
+        """Undo records of the storage ``names`` (references), then guard it: the first write
+        of each tensor goes into its other buffer (``pingpong``), leaving the recorded rows."""
+        pps = [pp for name in names for pp in self._rows[name]]
+        record = [keep(pp) for pp in pps]
+        for pp in pps:
+            pp.guard()
+        return record
+
     # ------------------------------------------------------------------ importance
     def _importance(self, logits: torch.Tensor, grads: list[torch.Tensor]) -> list[torch.Tensor]:
         """One sample's importance per parameter, from its logits (1, C) (graph kept) and the
@@ -101,43 +142,49 @@ class EWC(FineTune):
         grads = torch.autograd.grad(loss, self.net.params, retain_graph=True)  # MAS re-uses it
         importance = self._importance(logits, list(grads))
         self.n_omega += 1
-        with torch.no_grad():
-            for o, imp in zip(self.omega, importance, strict=True):
-                o.add_(imp.sub_(o), alpha=1.0 / self.n_omega)
+        with torch.no_grad():  # o += (imp - o) / n, out of place when guarded
+            for pp, imp in zip(self._rows["omega"], importance, strict=True):
+                o, new = pp.target()
+                torch.add(o, imp.sub_(o), alpha=1.0 / self.n_omega, out=new)
+                pp.commit()
         return list(grads)
 
     # ------------------------------------------------------------------ anchor and penalty
+    @torch.no_grad()
     def _refresh(self) -> None:
-        """theta* := theta and the penalty's importance := the running importance."""
-        self.anchor = [p.detach().clone() for p in self.net.params]
-        self.omega_frozen = [o.clone() for o in self.omega]
+        """theta* := theta and the penalty's importance := the running importance, written
+        into the existing storage."""
+        rows = self._rows
+        for p, o, f, a, c in zip(self.net.params, *(rows[n] for n in self.SLOTS), strict=True):
+            for pp, value in ((a, p), (f, o.live)):
+                pp.target()[1].copy_(value)
+                pp.commit()
+            self._curvature(f.live, out=c.target()[1])
+            c.commit()
         self._since_refresh = 0
-        self._set_curvature()
-
-    def _set_curvature(self) -> None:
-        cap = self.max_penalty_step / self.lr  # inf: no cap
-        self._curv = [torch.clamp(self.lam * o, max=cap) for o in self.omega_frozen]
 
     def _init_state(self, dim: int) -> None:
         super()._init_state(dim)
-        self.omega = [torch.zeros_like(p) for p in self.net.params]  # running mean
+        zeros = [torch.zeros_like(p) for p in self.net.params]
+        self._adopt(zeros, zeros, self.net.params)
         self.n_omega = 0  # samples in the running mean
         self._streaming = False  # fit_base done or stream started: new classes refresh
         self._refresh()
 
     def _add_class(self) -> None:
+        """The new output row: importance 0 (running and frozen), anchor its initial value,
+        appended in place; then, streaming, a refresh."""
         super()._add_class()
-        params = self.net.params
-        self.omega = [SGD._fit(o, p.shape) for o, p in zip(self.omega, params, strict=True)]
+        rows = self._rows
+        for p, o, f, a, c in zip(self.net.params, *(rows[n] for n in self.SLOTS), strict=True):
+            if o.n < len(p):
+                zero = p.new_zeros((len(p) - o.n, *p.shape[1:]))
+                a.grow(p[o.n:])
+                for pp in (o, f):
+                    pp.grow(zero)
+                c.grow(self._curvature(zero))
         if self._streaming:
-            return self._refresh()
-        self.omega_frozen = [SGD._fit(o, p.shape)
-                             for o, p in zip(self.omega_frozen, params, strict=True)]
-        anchor = [p.detach().clone() for p in params]  # new rows: their initial values
-        for a, old in zip(anchor, self.anchor, strict=True):
-            a[:len(old)] = old
-        self.anchor = anchor
-        self._set_curvature()
+            self._refresh()
 
     # ------------------------------------------------------------------ learning
     def _fit_base(self, Z: np.ndarray, yi: np.ndarray) -> None:
@@ -162,25 +209,30 @@ class EWC(FineTune):
 
     # ------------------------------------------------------------------ state
     def _undo_record(self, yi: np.ndarray) -> dict[str, Any]:
-        """The running importance moves in place every step; the anchor, the frozen
-        importance and the curvature are only ever replaced: kept by reference."""
-        grows = self._grows_first(yi)  # a new class first replaces every omega tensor
-        return {**super()._undo_record(yi), "ewc": keep_attrs(
-            self, ("omega", "n_omega", "omega_frozen", "anchor", "_curv", "_since_refresh",
-                   "_streaming"), mutable=() if grows else ("omega",))}
+        """Every storage tensor guarded (its first write in the call goes to its other buffer)
+        and kept by reference: no value copied."""
+        return {**super()._undo_record(yi),
+                "ewc": keep_attrs(self, ("_rows", "n_omega", "_since_refresh", "_streaming")),
+                "ewc_rows": self._guard(*self.SLOTS)}
 
     def _step_record(self) -> tuple:
-        """A known-class step may re-anchor (new references) and counts the sample before its
-        finite check."""
-        return keep_attrs(self, ("anchor", "omega_frozen", "_curv", "_since_refresh",
-                                 "_streaming"))
+        """A known-class step counts the sample, and may re-anchor, before its finite check:
+        the counters, and, when a refresh is due, the guarded anchor storage by reference."""
+        due = self._since_refresh >= self.refresh_every
+        return (keep_attrs(self, ("_since_refresh", "_streaming")),
+                self._guard("omega_frozen", "anchor", "_curv") if due else [])
 
     def _step_undo(self, record: tuple) -> None:
-        restore(record)
+        attrs, rows = record
+        for pp in rows:
+            restore(pp)
+        restore(attrs)
 
     def _undo(self, record: dict[str, Any], n_classes: int) -> None:
         super()._undo(record, n_classes)
         restore(record["ewc"])
+        for pp in record["ewc_rows"]:
+            restore(pp)
 
     def _state(self) -> dict[str, Any]:
         return {**super()._state(), "omega": [o.clone() for o in self.omega],
@@ -190,10 +242,7 @@ class EWC(FineTune):
 
     def _load_state(self, state: dict[str, Any]) -> None:
         super()._load_state(state)
-        self.omega = [o.clone() for o in state["omega"]]
+        self._adopt(state["omega"], state["omega_frozen"], state["anchor"])  # copied
         self.n_omega = int(state["n_omega"])
-        self.omega_frozen = [o.clone() for o in state["omega_frozen"]]
-        self.anchor = [a.clone() for a in state["anchor"]]
         self._since_refresh = int(state["since_refresh"])
         self._streaming = bool(state["streaming"])
-        self._set_curvature()
