@@ -15,6 +15,10 @@ updates the rows in place and a failed call would need a copy of them to roll ba
   old view and counters (``keep(self)``): no copy. An update reads the old rows and writes
   the new ones either way (``torch.sub(p, buf, out=...)`` costs what ``p.sub_(buf)`` does).
 
+The buffers are allocated uninitialised (``new_empty``): no row past ``n`` is ever read, and
+capacity that is never written costs no resident memory (a spare buffer becomes resident once a
+guarded call writes it).
+
 Only live rows are saved (``state_dict`` clones ``live``); a tensor loaded from a file is
 adopted as is (``adopt``).
 """
@@ -33,7 +37,7 @@ class PingPong:
         """Rows ``data`` (n, ...) copied into fresh buffers of twice the capacity."""
         data = data.detach()
         n, cap = len(data), max(8, 2 * len(data))
-        self.bufs = [data.new_zeros((cap, *data.shape[1:])) for _ in range(2)]
+        self.bufs = [data.new_empty((cap, *data.shape[1:])) for _ in range(2)]
         self.bufs[0][:n] = data
         self.cur, self.n, self.guarded = 0, n, False
         self._view()
@@ -56,7 +60,7 @@ class PingPong:
         if n + k > len(self.bufs[0]):  # both buffers anew; the old ones are left untouched
             cap = max(n + k, 2 * len(self.bufs[0]))
             old = self.bufs[self.cur]
-            self.bufs = [old.new_zeros((cap, *old.shape[1:])) for _ in range(2)]
+            self.bufs = [old.new_empty((cap, *old.shape[1:])) for _ in range(2)]
             self.bufs[0][:n] = old[:n]
             self.cur, self.guarded = 0, False  # the rows before the call are safe in ``old``
         self.bufs[self.cur][n:n + k] = rows.detach()
