@@ -182,14 +182,18 @@ def test_anchor_refreshes_at_new_labels_and_every_R_samples_only(method):
     assert refreshed == [6, 11, 13, 18]
 
 
-@pytest.mark.parametrize("method", ["ewc", "mas"])
-def test_a_known_step_failing_after_its_refresh_leaves_the_anchor_as_before(method):
+@pytest.mark.parametrize(("method", "settings"), [
+    ("ewc", {}), ("mas", {}), ("ciosl", {"prior_refresh": "every"}),
+    ("vcl", {"prior_refresh": "every"})])
+def test_a_known_step_failing_after_its_refresh_leaves_the_anchor_as_before(method, settings):
     """A known-class learn_one re-anchors (a refresh is due) before its finite check raises:
-    the anchor, the penalty's importance and the curvature are as before the call (the refresh
-    wrote into the spare buffers, put back on failure), and it continues as a twin."""
+    EWC's and MAS's anchor, penalty importance and curvature (the refresh wrote into the spare
+    buffers, put back on failure), the Bayesian heads' prior and its schedule, are as before
+    the call, and it continues as a twin."""
     from ciosl.serial import digest
 
-    twins = [make_learner(method, refresh_every=2, base_epochs=1) for _ in range(2)]
+    twins = [make_learner(method, refresh_every=2, base_epochs=1, **settings)
+             for _ in range(2)]
     Z, y = blobs([0, 1], 6, seed=4)
     for t in twins:
         t.fit_base(Z[:4], y[:4])
