@@ -361,6 +361,17 @@ class _Written(TorchDispatchMode):
         return out
 
 
+def _new_class_extra(learner: Learner, z: np.ndarray) -> int:
+    """Elements a learn_one of a new class (12, then 13) writes beyond one of a known class (3,
+    then 4) at the same moment; the second of each is measured (the first warms up)."""
+    written = {}
+    for kind, y in (("known", 3), ("new", 12), ("known", 4), ("new", 13)):
+        with _Written() as w:
+            learner.learn_one(z, y)
+        written[kind] = w.n
+    return written["new"] - written["known"]
+
+
 @pytest.mark.parametrize("method", ["tinyer", "remind"])
 def test_new_class_extra_work_does_not_grow_with_the_hidden_layers(method, monkeypatch):
     """The elements a new class's learn_one writes (clones, copies, allocations, the step)
@@ -380,12 +391,7 @@ def test_new_class_extra_work_does_not_grow_with_the_hidden_layers(method, monke
         for k in range(2, 12):
             learner.learn_one(Z[16 + k], k)
         assert learner.net.params[0].shape[0] == width
-        written = {}
-        for kind, y in (("known", 3), ("new", 12), ("known", 4), ("new", 13)):
-            with _Written() as w:  # the second of each is measured (the first warms up)
-                learner.learn_one(Z[40], y)
-            written[kind] = w.n
-        extra.append(written["new"] - written["known"])
+        extra.append(_new_class_extra(learner, Z[40]))
     assert extra[0] == extra[1], extra
 
 
@@ -409,12 +415,7 @@ def test_bayesian_head_new_class_extra_work_is_the_undo_copies_only(method, monk
         for k in range(2, 12):
             learner.learn_one(Z[16 + k], k)
         assert learner.net.shapes[0] == (width, 8)
-        written = {}
-        for kind, y in (("known", 3), ("new", 12), ("known", 4), ("new", 13)):
-            with _Written() as w:  # the second of each is measured (the first warms up)
-                learner.learn_one(Z[40], y)
-            written[kind] = w.n
-        extra.append(written["new"] - written["known"] - 3 * learner.net.P)
+        extra.append(_new_class_extra(learner, Z[40]) - 3 * learner.net.P)
     assert extra[0] == extra[1], extra
 
 
