@@ -19,6 +19,9 @@ Then ``learn_many`` with batches of 10 against ten ``learn_one`` calls on the sa
 and NCM's ``learn_one`` rate at width 1280 against the rate of the block update's float64 GEMM
 (S += D^T D, D of 256 rows) in the same process.
 
+``--profile``: instead of timing, a cProfile of 60 new-class and 60 known-class samples,
+alternating, after ``--mlp-classes`` classes (where a new class's extra time goes).
+
 Run: ``python benchmarks/scale.py`` (``--methods ncm,slda,rp_lda --classes 100000``: the issue's
 100,000 classes for the learners whose step does not depend on the classes; ``--mlp-classes``:
 the classes for the MLP heads and the memory learners, slower per class by their arithmetic).
@@ -111,6 +114,35 @@ def per_class(method: str, n_classes: int, dim: int) -> dict:
         out["products"] = (head_arithmetic(rows, tenth // 2 + 2),
                            head_arithmetic(rows, n_classes - tenth // 2 + 2))
     return out
+
+
+def profile(method: str, n_classes: int, dim: int, pairs: int = 60, rows: int = 18) -> str:
+    """cProfile of ``pairs`` new-class and known-class ``learn_one`` calls, alternating, after
+    ``n_classes`` classes: the functions by their own time, known first, then new (where a new
+    class's extra time goes)."""
+    import cProfile
+    import io
+    import pstats
+
+    learner = make_learner(method, **SETTINGS.get(method, {}))
+    base(learner, dim)
+    Z, y = stream(n_classes + pairs, dim)
+    for k in range(n_classes):
+        learner.learn_one(Z[2 * k], int(y[2 * k]))
+        learner.learn_one(Z[2 * k + 1], int(y[2 * k + 1]))
+    new, known = cProfile.Profile(), cProfile.Profile()
+    for k in range(n_classes, n_classes + pairs):
+        for prof, i in ((new, 2 * k), (known, 2 * k + 1)):
+            prof.enable()
+            learner.learn_one(Z[i], int(y[i]))
+            prof.disable()
+    out = []
+    for name, prof in (("known", known), ("new", new)):
+        text = io.StringIO()
+        pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(rows)
+        out.append(f"===== {method}, {pairs} {name}-class samples after {n_classes} classes")
+        out += [line for line in text.getvalue().splitlines() if line.strip()]
+    return "\n".join(out)
 
 
 def report(r: dict) -> str:
@@ -214,6 +246,9 @@ def main() -> None:
     ap.add_argument("--block-rate", action="store_true",
                     help="SLDA / NCM learn_one at d = 1280 against the block GEMM")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--profile", action="store_true",
+                    help="instead of timing: cProfile 60 new- and known-class samples after "
+                         "--mlp-classes classes (--classes for the fast learners)")
     ap.add_argument("--write-features", metavar="PATH",
                     help="only write a features .npz of --classes classes (2 training rows and "
                          "1 test row each, width --dim) for ciosl run --dataset features:PATH")
@@ -224,6 +259,10 @@ def main() -> None:
         return
     torch.set_num_threads(args.threads)
     methods = single_pass() if args.methods == "all" else args.methods.split(",")
+    if args.profile:
+        for m in methods:
+            print(profile(m, args.classes if m in FAST else args.mlp_classes, args.dim), flush=True)
+        return
     print(f"width {args.dim}, {args.threads} thread(s); times are medians of single calls")
     for m in methods:
         n = args.classes if m in FAST else args.mlp_classes

@@ -143,6 +143,13 @@ def test_scale_times_new_and_known_classes(tmp_path):
     assert "arithmetic" in rows["finetune"] and "arithmetic" not in rows["slda"]
     many = [line for line in lines if "learn_many(10) / 10 x learn_one" in line]
     assert len(many) == 3 and all(re.search(r"per sample: [\d.]+$", m) for m in many)
+    prof = run("scale.py", "--methods", "ewc", "--mlp-classes", "12", "--dim", "8", "--profile",
+               cache=tmp_path)
+    heads = [i for i, line in enumerate(prof) if line.startswith("=====")]
+    assert [prof[i] for i in heads] == [
+        "===== ewc, 60 known-class samples after 12 classes",
+        "===== ewc, 60 new-class samples after 12 classes"], prof
+    assert any("learners/ewc.py" in line for line in prof[heads[1]:]), prof
     path = tmp_path / "f.npz"
     run("scale.py", "--write-features", str(path), "--classes", "7", "--dim", "3", cache=tmp_path)
     from ciosl.data.datasets import load_features
