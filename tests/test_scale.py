@@ -361,6 +361,15 @@ class _Written(TorchDispatchMode):
         return out
 
 
+def _twelve_classes(method: str, settings: dict, Z: np.ndarray) -> Learner:
+    """A learner after a base init on 2 classes (rows 0-15 of Z) and 10 more, one sample each."""
+    learner = make_learner(method, base_epochs=1, **settings)
+    learner.fit_base(Z[:16], [0, 1] * 8)
+    for k in range(2, 12):
+        learner.learn_one(Z[16 + k], k)
+    return learner
+
+
 def _new_class_extra(learner: Learner, z: np.ndarray) -> int:
     """Elements a learn_one of a new class (12, then 13) writes beyond one of a known class (3,
     then 4) at the same moment; the second of each is measured (the first warms up)."""
@@ -386,10 +395,7 @@ def test_new_class_extra_work_does_not_grow_with_the_hidden_layers(method, monke
     extra = []
     for width in (32, 256):
         monkeypatch.setattr(finetune, "HIDDEN", (width, 16))
-        learner = make_learner(method, base_epochs=1, **settings[method])
-        learner.fit_base(Z[:16], [0, 1] * 8)  # the memory (8 items) is full from here on
-        for k in range(2, 12):
-            learner.learn_one(Z[16 + k], k)
+        learner = _twelve_classes(method, settings[method], Z)  # the memory (8 items) is full
         assert learner.net.params[0].shape[0] == width
         extra.append(_new_class_extra(learner, Z[40]))
     assert extra[0] == extra[1], extra
@@ -410,10 +416,7 @@ def test_bayesian_head_new_class_extra_work_is_the_undo_copies_only(method, monk
     extra = []
     for width in (32, 256):
         monkeypatch.setattr(bayes_head, "HIDDEN", (width, 16))
-        learner = make_learner(method, base_epochs=1, **settings[method])
-        learner.fit_base(Z[:16], [0, 1] * 8)
-        for k in range(2, 12):
-            learner.learn_one(Z[16 + k], k)
+        learner = _twelve_classes(method, settings[method], Z)
         assert learner.net.shapes[0] == (width, 8)
         extra.append(_new_class_extra(learner, Z[40]) - 3 * learner.net.P)
     assert extra[0] == extra[1], extra
