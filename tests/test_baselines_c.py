@@ -186,10 +186,10 @@ def test_anchor_refreshes_at_new_labels_and_every_R_samples_only(method):
     ("ewc", {}), ("mas", {}), ("ciosl", {"prior_refresh": "every"}),
     ("vcl", {"prior_refresh": "every"})])
 def test_a_known_step_failing_after_its_refresh_leaves_the_anchor_as_before(method, settings):
-    """A known-class learn_one re-anchors (a refresh is due) before its finite check raises:
-    EWC's and MAS's anchor, penalty importance and curvature (the refresh wrote into the spare
-    buffers, put back on failure), the Bayesian heads' prior and its schedule, are as before
-    the call, and it continues as a twin."""
+    """A known-class learn_one with a refresh due whose finite check raises: the Bayesian
+    heads re-anchor before the check (their prior and its schedule are put back); EWC and MAS
+    re-anchor after it (their anchor, penalty importance, curvature and counters are untouched).
+    Either way the learner is as before the call, and it continues as a twin."""
     from ciosl.serial import digest
 
     twins = [make_learner(method, refresh_every=2, base_epochs=1, **settings)
@@ -215,6 +215,42 @@ def test_a_known_step_failing_after_its_refresh_leaves_the_anchor_as_before(meth
         for z, c in zip(Z[6:], y[6:], strict=True):
             t.learn_one(z, int(c))
     assert digest(learner.state_dict()) == digest(twin.state_dict())
+
+
+@pytest.mark.parametrize("method", ["ewc", "mas"])
+def test_learn_many_with_several_refreshes_rolls_back_at_every_point(method):
+    """A learn_many that re-anchors at every sample (refresh_every=1) and brings two new
+    classes: whichever sample its failure comes after, the learner is as before the call --
+    the lent rows (anchor, frozen importance) and the buffers they live in were locked -- and
+    after every call of a long stream each store's pool holds at most four buffers."""
+    from ciosl.conformance import InjectedFailure, failing_after
+    from ciosl.serial import digest
+
+    twins = [make_learner(method, refresh_every=1, base_epochs=1) for _ in range(2)]
+    Z, y = blobs([0, 1, 2, 3, 4], 8, seed=3)
+    for t in twins:
+        t.fit_base(Z[:6], [0, 1, 0, 1, 0, 1])
+        t.learn_one(Z[6], 1)
+    learner, twin = twins
+    batch, labels = Z[7:13], [0, 2, 1, 3, 2, 0]  # classes 2 and 3 are new
+    before = digest(learner.state_dict())
+    for at in range(1, len(labels) + 1):
+        with failing_after(learner, "_learn_one", at), pytest.raises(InjectedFailure):
+            learner.learn_many(batch, labels)
+        assert digest(learner.state_dict()) == before, at
+    for t in twins:
+        t.learn_many(batch, labels)
+    assert digest(learner.state_dict()) == digest(twin.state_dict())
+    for i in range(120):  # new classes, known ones, batches, failed calls
+        if i % 3 == 0:
+            learner.learn_many(Z[:4], [0, 10 + i, 1, 10 + i])
+        else:
+            learner.learn_one(Z[i % len(Z)], int(y[i % len(Z)]))
+        if i % 7 == 0:
+            with failing_after(learner, "_learn_one", 2), pytest.raises(InjectedFailure):
+                learner.learn_many(Z[:3], [0, 1000 + i, 1])
+        stores = [*learner._rows["omega"], *learner._rows["_curv"], *learner.net.out]
+        assert max(len(s.bufs) for s in stores) <= 4, i
 
 
 @pytest.mark.parametrize("method", ["ewc", "mas"])

@@ -462,6 +462,24 @@ def test_ewc_new_class_allocates_nothing_of_the_model_size(method):
 
 
 @pytest.mark.parametrize("method", ["ewc", "mas"])
+def test_ewc_new_class_copies_neither_the_output_layer_nor_the_importance(method):
+    """A new class re-anchors EWC and MAS by reference: the output layer's anchor is the
+    layer's rows as they were before the step, in the same memory, and the frozen importance is
+    the running importance's rows before the sample was added; the step then wrote the layer
+    and the running mean into other buffers of their pools (``pingpong.lend``)."""
+    learner = _grown(method, 12, base_epochs=1)
+    W, omega = learner.net.params[-2], learner.omega[-2]
+    at = (W.data_ptr(), omega.data_ptr())
+    W0, omega0 = W.detach().clone(), omega.clone()
+    learner.learn_one(np.ones(8, np.float32), 12)  # within the capacity: no reallocation
+    anchor, frozen = learner.anchor[-2], learner.omega_frozen[-2]
+    assert (anchor.data_ptr(), frozen.data_ptr()) == at
+    assert torch.equal(anchor[:12], W0) and torch.equal(frozen[:12], omega0)
+    assert learner.net.params[-2].data_ptr() not in at and learner.omega[-2].data_ptr() not in at
+    assert not torch.equal(learner.net.params[-2], anchor)  # the step moved the layer
+
+
+@pytest.mark.parametrize("method", ["ewc", "mas"])
 def test_ewc_rollback_keeps_the_output_rows_in_place(method):
     """After a rolled-back new-class call, the output layer and its momentum are still the
     live rows of their ``pingpong`` storage (put back, not re-adopted by a copy at the next

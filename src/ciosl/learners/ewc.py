@@ -41,15 +41,20 @@ Design choices:
   Parameters below the cap get exactly the EWC gradient. ``max_penalty_step=inf`` disables
   the cap (it must stay below 2 (1 + momentum) to be stable).
 
-Storage (issue 34: a new class costs no fresh tensor of the model's size): the running
-importance ``omega``, the frozen one ``omega_frozen``, the anchor ``anchor`` and the curvature
-``_curv`` are, per parameter tensor, the live rows of a ``pingpong.PingPong`` (two buffers whose
-rows grow by capacity doubling). A new class appends its output row in place; a refresh writes
-theta, Omega_run and min(lam Omega, cap) into the existing buffers (``copy_``, ``torch.mul(...,
-out=)`` then ``clamp_``: the same bits as ``torch.clamp(lam * Omega, max=cap)``). Rollback: a
-call that may be undone first ``guard``s the buffers it may write -- the first write then goes
-into the other buffer, which becomes current, so the rows as they were stay untouched -- and
-its undo record keeps the ``PingPong`` objects' references (``undo.keep``), no value copied.
+Storage (issue 34: a new class costs no copy and no fresh tensor of the model's size): the
+running importance ``omega`` and the curvature ``_curv`` are, per parameter tensor, the live rows
+of a ``pingpong.PingPong`` (a pool of buffers whose rows grow by capacity doubling). A refresh
+copies nothing of them: the frozen importance takes the running importance's rows as they are
+(``PingPong.lend``: a reference; the running mean's next update writes into another buffer of
+its pool, with the same arithmetic), and so does the anchor of the output layer, which takes the
+layer's rows (the head's own ``PingPong``; its next SGD step writes into another buffer). The
+hidden layers' anchor (a constant size, whatever the classes) is copied into a ``PingPong`` of
+its own. Only the curvature min(lam Omega, cap) is computed (``torch.mul(..., out=)`` then
+``clamp_``: the same bits as ``torch.clamp(lam * Omega, max=cap)``). A new class appends its
+rows in place. Rollback: a call that may be undone first ``guard``s the buffers (they are locked:
+no write of the call goes into them) and its undo record keeps the stores' references
+(``undo.keep``), no value copied. A known-class step re-anchors after its finite check, so a
+non-finite loss raises before anything changed.
 """
 
 from __future__ import annotations
@@ -63,7 +68,7 @@ import torch.nn.functional as F
 from ciosl.learners.base import register
 from ciosl.learners.finetune import FineTune
 from ciosl.learners.head import MAX_GRAD_NORM
-from ciosl.learners.pingpong import PingPong
+from ciosl.learners.pingpong import Borrowed, PingPong
 from ciosl.learners.undo import keep, keep_attrs, restore
 
 
@@ -113,18 +118,25 @@ class EWC(FineTune):
         return out.clamp_(max=self._cap())
 
     def _adopt(self, omega: list, frozen: list, anchor: list) -> None:
-        """Fresh storage holding these values (``_init_state``, ``_load_state``)."""
-        self._rows = {name: [PingPong(t) for t in ts] for name, ts in (
-            ("omega", omega), ("omega_frozen", frozen), ("anchor", anchor),
-            ("_curv", [self._curvature(f) for f in frozen]))}
+        """Fresh storage holding these values (``_init_state``, ``_load_state``): the frozen
+        importance and the output layer's anchor as values of their own until the next refresh
+        lends them the running importance's and the layer's rows."""
+        n_hidden = len(anchor) - 2
+        self._rows = {
+            "omega": [PingPong(t) for t in omega],
+            "omega_frozen": [Borrowed(t.detach().clone()) for t in frozen],
+            "anchor": [PingPong(t) if i < n_hidden else Borrowed(t.detach().clone())
+                       for i, t in enumerate(anchor)],
+            "_curv": [PingPong(self._curvature(f)) for f in frozen]}
 
-    def _guard(self, *names: str) -> list[tuple]:
-        """Undo records of the storage ``names`` (references), then guard it: the first write
-        of each tensor goes into its other buffer (``pingpong``), leaving the recorded rows."""
-        pps = [pp for name in names for pp in self._rows[name]]
-        record = [keep(pp) for pp in pps]
-        for pp in pps:
-            pp.guard()
+    def _guard(self) -> list[tuple]:
+        """Undo records of the storage (references), then guard it: no write of the call goes
+        into the buffers the recorded rows are in (``pingpong``)."""
+        stores = [s for name in self.SLOTS for s in self._rows[name]]
+        record = [keep(s) for s in stores]
+        for s in stores:
+            if isinstance(s, PingPong):
+                s.guard()
         return record
 
     # ------------------------------------------------------------------ importance
@@ -133,32 +145,46 @@ class EWC(FineTune):
         gradient of its CE = -log p(y | z): the empirical Fisher g^2."""
         return [g * g for g in grads]
 
-    def _observe(self, X: torch.Tensor, Y: torch.Tensor) -> list[torch.Tensor]:
-        """The CE gradient of one sample X (1, d), Y (1,); adds its importance to the running
-        mean."""
+    def _gradients(self, X: torch.Tensor, Y: torch.Tensor) -> tuple[list, list]:
+        """The CE gradient of one sample X (1, d), Y (1,) and its importance (nothing changes
+        if its loss is not finite)."""
         logits = self.net(X)  # (1, C)
         loss = F.cross_entropy(logits, Y)
         self._check_finite(loss, X)
         grads = torch.autograd.grad(loss, self.net.params, retain_graph=True)  # MAS re-uses it
-        importance = self._importance(logits, list(grads))
+        return list(grads), self._importance(logits, list(grads))
+
+    @torch.no_grad()
+    def _accumulate(self, importance: list[torch.Tensor]) -> None:
+        """Add one sample's importance to the running mean: o += (imp - o) / n (into another
+        buffer when the current one is lent or locked)."""
         self.n_omega += 1
-        with torch.no_grad():  # o += (imp - o) / n, out of place when guarded
-            for pp, imp in zip(self._rows["omega"], importance, strict=True):
-                o, new = pp.target()
-                torch.add(o, imp.sub_(o), alpha=1.0 / self.n_omega, out=new)
-                pp.commit()
-        return list(grads)
+        for pp, imp in zip(self._rows["omega"], importance, strict=True):
+            o, new = pp.target()
+            torch.add(o, imp.sub_(o), alpha=1.0 / self.n_omega, out=new)
+            pp.commit()
 
     # ------------------------------------------------------------------ anchor and penalty
+    def _lend(self) -> list:
+        """The frozen importance takes the running importance's rows, the output layer's anchor
+        the layer's rows (``PingPong.lend``: references, no copy); returns the hidden layers'
+        (parameter, anchor store) pairs, whose anchor is copied."""
+        rows, params = self._rows, self.net.params
+        for o, f in zip(rows["omega"], rows["omega_frozen"], strict=True):
+            f.live = o.lend()
+        n_hidden = len(params) - 2
+        for pp, a in zip(self.net.out_rows(), rows["anchor"][n_hidden:], strict=True):
+            a.live = pp.lend()
+        return list(zip(params[:n_hidden], rows["anchor"][:n_hidden], strict=True))
+
     @torch.no_grad()
     def _refresh(self) -> None:
-        """theta* := theta and the penalty's importance := the running importance, written
-        into the existing storage."""
-        rows = self._rows
-        for p, o, f, a, c in zip(self.net.params, *(rows[n] for n in self.SLOTS), strict=True):
-            for pp, value in ((a, p), (f, o.live)):
-                pp.target()[1].copy_(value)
-                pp.commit()
+        """theta* := theta and the penalty's importance := the running importance (lent
+        references; the hidden layers' anchor copied), and the curvature computed from it."""
+        for p, a in self._lend():
+            a.target()[1].copy_(p)
+            a.commit()
+        for f, c in zip(self._rows["omega_frozen"], self._rows["_curv"], strict=True):
             self._curvature(f.live, out=c.target()[1])
             c.commit()
         self._since_refresh = 0
@@ -173,18 +199,20 @@ class EWC(FineTune):
 
     def _add_class(self) -> None:
         """The new output row: importance 0 (running and frozen), anchor its initial value,
-        appended in place; then, streaming, a refresh."""
+        appended in place; then, streaming, a refresh. (Before the stream, the running
+        importance is still 0 and the parameters are at their initial values: the frozen
+        importance and the anchor take the rows as they are, with no pass over them.)"""
         super()._add_class()
         rows = self._rows
-        for p, o, f, a, c in zip(self.net.params, *(rows[n] for n in self.SLOTS), strict=True):
+        for p, o, c in zip(self.net.params, rows["omega"], rows["_curv"], strict=True):
             if o.n < len(p):
                 zero = p.new_zeros((len(p) - o.n, *p.shape[1:]))
-                a.grow(p[o.n:])
-                for pp in (o, f):
-                    pp.grow(zero)
+                o.grow(zero)
                 c.grow(self._curvature(zero))
         if self._streaming:
             self._refresh()
+        else:
+            self._lend()
 
     # ------------------------------------------------------------------ learning
     def _fit_base(self, Z: np.ndarray, yi: np.ndarray) -> None:
@@ -192,16 +220,17 @@ class EWC(FineTune):
         X = torch.from_numpy(np.ascontiguousarray(Z))  # (n, d)
         Y = torch.from_numpy(yi)  # (n,)
         for i in range(len(X)):  # per-sample importances with the trained head
-            self._observe(X[i:i + 1], Y[i:i + 1])
+            self._accumulate(self._gradients(X[i:i + 1], Y[i:i + 1])[1])
         self._refresh()
         self._streaming = True
 
     def _learn_one(self, z: np.ndarray, yi: int) -> None:
-        self._streaming = True
+        grads, importance = self._gradients(torch.from_numpy(z)[None], torch.tensor([yi]))
+        self._streaming = True  # the loss is finite: from here on the step changes the state
         if self._since_refresh >= self.refresh_every:
-            self._refresh()
+            self._refresh()  # before the running importance takes this sample
         self._since_refresh += 1
-        grads = self._observe(torch.from_numpy(z)[None], torch.tensor([yi]))  # (1, d), (1,)
+        self._accumulate(importance)
         with torch.no_grad():  # d/dtheta lam/2 Omega (theta - theta*)^2, c = lam Omega capped
             for p, g, c, a in zip(self.net.params, grads, self._curv, self.anchor, strict=True):
                 p.grad = torch.addcmul(g, c, p - a)
@@ -213,26 +242,13 @@ class EWC(FineTune):
         and kept by reference: no value copied."""
         return {**super()._undo_record(yi),
                 "ewc": keep_attrs(self, ("_rows", "n_omega", "_since_refresh", "_streaming")),
-                "ewc_rows": self._guard(*self.SLOTS)}
-
-    def _step_record(self) -> tuple:
-        """A known-class step counts the sample, and may re-anchor, before its finite check:
-        the counters, and, when a refresh is due, the guarded anchor storage by reference."""
-        due = self._since_refresh >= self.refresh_every
-        return (keep_attrs(self, ("_since_refresh", "_streaming")),
-                self._guard("omega_frozen", "anchor", "_curv") if due else [])
-
-    def _step_undo(self, record: tuple) -> None:
-        attrs, rows = record
-        for pp in rows:
-            restore(pp)
-        restore(attrs)
+                "ewc_rows": self._guard()}
 
     def _undo(self, record: dict[str, Any], n_classes: int) -> None:
         super()._undo(record, n_classes)
         restore(record["ewc"])
-        for pp in record["ewc_rows"]:
-            restore(pp)
+        for store in record["ewc_rows"]:
+            restore(store)
 
     def _state(self) -> dict[str, Any]:
         return {**super()._state(), "omega": [o.clone() for o in self.omega],

@@ -1,5 +1,6 @@
-"""A tensor whose rows grow by capacity doubling, in two buffers, so that a new class costs no
-pass over the rows and the rows before a call survive its step for rollback without a copy.
+"""A tensor whose rows grow by capacity doubling, in a small pool of buffers, so that a new class
+costs no pass over the rows, the rows before a call survive its step for rollback without a
+copy, and another store can take the rows as its value without a copy (``lend``).
 
 An MLP head's output layer (weights, bias) and its momentum grow one row per class. Growing by
 concatenation reads and writes every row; ``Rows`` (``undo.py``) grows in place, but a step then
@@ -7,13 +8,20 @@ updates the rows in place and a failed call would need a copy of them to roll ba
 
 - ``live``: the ``n`` live rows, a view of the current buffer (``requires_grad`` for a
   parameter); ``grow(rows)`` writes the new rows after them (the rows before are untouched, a
-  view of them stays valid) and makes a new ``live`` view; past the capacity both buffers are
+  view of them stays valid) and makes a new ``live`` view; past the capacity the pool is
   reallocated at twice the size (amortised O(row) per row);
-- ``guard()`` (at the start of a call that may have to be undone): the next update writes its
-  result into the *other* buffer (``target``), which becomes current; the rows as they were
-  before the call stay where they were, untouched, so the call is undone by putting back the
-  old view and counters (``keep(self)``): no copy. An update reads the old rows and writes
-  the new ones either way (``torch.sub(p, buf, out=...)`` costs what ``p.sub_(buf)`` does).
+- ``guard()`` (at the start of a call that may have to be undone): the buffers that the state
+  before the call uses (the current one, the one lent) are locked until the next ``guard``: no
+  update writes into them, so the call is undone by putting back the old view and counters
+  (``keep(self)``): no copy;
+- ``lend()``: the live rows as a read-only value for another store (EWC's anchor theta* :=
+  theta, its frozen importance Omega := Omega_run): the buffer is marked lent and the next
+  update writes its result into another buffer. Re-anchoring is then a reference, not a copy;
+- ``target()``: (the rows to update, where their new values go): the current buffer in place,
+  or, when it is locked or lent, a free buffer of the pool, which becomes current. An update
+  reads the old rows and writes the new ones either way (``torch.sub(p, buf, out=...)`` costs
+  what ``p.sub_(buf)`` does, with the same bits). The pool holds two buffers, and up to four
+  when buffers are lent and locked (the current, the lent one, the two locked by the guard).
 
 The buffers are allocated uninitialised (``new_empty``): no row past ``n`` is ever read, and
 capacity that is never written costs no resident memory (a spare buffer becomes resident once a
@@ -34,12 +42,17 @@ class PingPong:
         self.adopt(data)
 
     def adopt(self, data: torch.Tensor) -> None:
-        """Rows ``data`` (n, ...) copied into fresh buffers of twice the capacity."""
+        """Rows ``data`` (n, ...) copied into a fresh pool of twice the capacity."""
         data = data.detach()
-        n, cap = len(data), max(8, 2 * len(data))
+        n = len(data)
+        self._fresh_pool(data, n, max(8, 2 * n))
+
+    def _fresh_pool(self, data: torch.Tensor, n: int, cap: int) -> None:
         self.bufs = [data.new_empty((cap, *data.shape[1:])) for _ in range(2)]
-        self.bufs[0][:n] = data
-        self.cur, self.n, self.guarded = 0, n, False
+        self.bufs[0][:n] = data[:n]
+        self.cur, self.n = 0, n
+        self.lent: torch.Tensor | None = None  # the buffer another store reads (``lend``)
+        self.locked: tuple[torch.Tensor, ...] = ()  # the buffers the guarded call must keep
         self._view()
 
     def _view(self) -> None:
@@ -52,34 +65,60 @@ class PingPong:
         return t is self.live
 
     def guard(self) -> None:
-        self.guarded = True
+        """Lock the buffers the state before a call uses (the current one, the lent one): until
+        the next ``guard``, no update writes into them."""
+        self.locked = (self.bufs[self.cur],) if self.lent is None else (
+            self.bufs[self.cur], self.lent)
+
+    def lend(self) -> torch.Tensor:
+        """The live rows as a value another store keeps (a view, no copy, not a trainable
+        leaf); the next update writes into another buffer, so the value stays as it is. The
+        buffer lent before is free again (its borrower has moved on; a guarded call keeps it
+        locked)."""
+        buf = self.lent = self.bufs[self.cur]
+        return buf[:self.n]
+
+    def _protected(self, buf: torch.Tensor) -> bool:
+        return buf is self.lent or any(buf is b for b in self.locked)
 
     def grow(self, rows: torch.Tensor) -> torch.Tensor:
-        """Append ``rows`` (k, ...) after the live rows; returns the new live view."""
+        """Append ``rows`` (k, ...) after the live rows; returns the new live view. (The rows
+        go after the ``n`` rows of the current buffer: a lent or locked value is ``n`` rows, so
+        it is untouched.)"""
         n, k = self.n, len(rows)
-        if n + k > len(self.bufs[0]):  # both buffers anew; the old ones are left untouched
-            cap = max(n + k, 2 * len(self.bufs[0]))
-            old = self.bufs[self.cur]
-            self.bufs = [old.new_empty((cap, *old.shape[1:])) for _ in range(2)]
-            self.bufs[0][:n] = old[:n]
-            self.cur, self.guarded = 0, False  # the rows before the call are safe in ``old``
+        if n + k > len(self.bufs[0]):  # a fresh pool; the old buffers are left untouched
+            self._fresh_pool(self.bufs[self.cur], n, max(n + k, 2 * len(self.bufs[0])))
         self.bufs[self.cur][n:n + k] = rows.detach()
         self.n = n + k
         self._view()
         return self.live
 
     def target(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(the rows to update, where their new values go): the same view, or, guarded, the
-        other buffer's rows, which become the live ones (call ``_view`` through ``commit``)."""
+        """(the rows to update, where their new values go): the same view, or, when the current
+        buffer is locked or lent, the rows of a free buffer, which become the live ones (call
+        ``_view`` through ``commit``)."""
         old = self.live
-        if not self.guarded:
+        if not self._protected(self.bufs[self.cur]):
             return old, old
-        self.guarded = False
-        self.cur ^= 1
-        return old, self.bufs[self.cur][:self.n]
+        free = next((i for i, b in enumerate(self.bufs)
+                     if i != self.cur and not self._protected(b)), None)
+        if free is None:  # every buffer is in use (lent and locked): one more
+            self.bufs = [*self.bufs, self.bufs[self.cur].new_empty(self.bufs[self.cur].shape)]
+            free = len(self.bufs) - 1
+        self.cur = free
+        return old, self.bufs[free][:self.n]
 
     def commit(self) -> torch.Tensor:
         """After a write through ``target``: the live view (a new object if it moved)."""
         if self.live.data_ptr() != self.bufs[self.cur].data_ptr():
             self._view()
         return self.live
+
+
+class Borrowed:
+    """A value that one store keeps without owning storage: another store's rows lent to it
+    (``PingPong.lend``), or a tensor of its own that nobody writes (a loaded value). It is only
+    ever replaced, never written."""
+
+    def __init__(self, value: torch.Tensor):
+        self.live = value
