@@ -69,7 +69,7 @@ from ciosl.learners.base import register
 from ciosl.learners.finetune import FineTune
 from ciosl.learners.head import MAX_GRAD_NORM
 from ciosl.learners.pingpong import Borrowed, PingPong
-from ciosl.learners.undo import keep, keep_attrs, restore
+from ciosl.learners.undo import keep_attrs, restore
 
 
 @register
@@ -132,11 +132,14 @@ class EWC(FineTune):
     def _guard(self) -> list[tuple]:
         """Undo records of the storage (references), then guard it: no write of the call goes
         into the buffers the recorded rows are in (``pingpong``)."""
-        stores = [s for name in self.SLOTS for s in self._rows[name]]
-        record = [keep(s) for s in stores]
-        for s in stores:
-            if isinstance(s, PingPong):
-                s.guard()
+        record = []
+        for name in self.SLOTS:
+            for s in self._rows[name]:
+                if isinstance(s, PingPong):
+                    record.append(s.snapshot())
+                    s.guard()
+                else:
+                    record.append((s, s.live))
         return record
 
     # ------------------------------------------------------------------ importance
@@ -204,11 +207,11 @@ class EWC(FineTune):
         importance and the anchor take the rows as they are, with no pass over them.)"""
         super()._add_class()
         rows = self._rows
-        for p, o, c in zip(self.net.params, rows["omega"], rows["_curv"], strict=True):
+        for p, o, c in zip(self.net.params[-2:], rows["omega"][-2:], rows["_curv"][-2:],
+                           strict=True):  # the output layer's (min(lam 0, cap) = 0)
             if o.n < len(p):
-                zero = p.new_zeros((len(p) - o.n, *p.shape[1:]))
-                o.grow(zero)
-                c.grow(self._curvature(zero))
+                o.grow_zeros(len(p) - o.n)
+                c.grow_zeros(len(p) - c.n)
         if self._streaming:
             self._refresh()
         else:
@@ -247,8 +250,11 @@ class EWC(FineTune):
     def _undo(self, record: dict[str, Any], n_classes: int) -> None:
         super()._undo(record, n_classes)
         restore(record["ewc"])
-        for store in record["ewc_rows"]:
-            restore(store)
+        for snap in record["ewc_rows"]:
+            if len(snap) == 2:  # a Borrowed value
+                snap[0].live = snap[1]
+            else:
+                PingPong.restore(snap)
 
     def _state(self) -> dict[str, Any]:
         return {**super()._state(), "omega": [o.clone() for o in self.omega],

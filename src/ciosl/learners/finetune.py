@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 from ciosl.learners.base import Learner, register
 from ciosl.learners.head import HIDDEN, MAX_GRAD_NORM, MLP, SGD, check_finite
+from ciosl.learners.pingpong import PingPong
 from ciosl.learners.undo import keep, restore
 
 
@@ -112,14 +113,14 @@ class FineTune(Learner):
         layer's rows into the other buffers of ``pingpong``, the other layers into spare
         tensors), so the tensors as they were before the call stay untouched."""
         self.net.out_rows()  # adopted now (after a load), before the references are kept
-        rows = [keep(pp) for pp in self.opt.pingpongs()]
+        rows = [pp.snapshot() for pp in self.opt.pingpongs()]
         net, opt = keep(self.net), keep(self.opt)
         self.opt.guard()
         return {"net": net, "opt": opt, "rows": rows}
 
     def _undo(self, record: dict[str, Any], n_classes: int) -> None:
-        for pp in record["rows"]:
-            restore(pp)
+        for snap in record["rows"]:
+            PingPong.restore(snap)
         restore(record["net"])
         restore(record["opt"])
         for p in self.net.params:

@@ -202,7 +202,7 @@ class SGD:
             mp = self.rows[i] = PingPong(buf if buf is not None and buf.shape[1:] == p.shape[1:]
                                          else p.new_zeros((0, *p.shape[1:])))
         if mp.n < len(p):  # new classes: zero momentum rows, as _fit pads
-            mp.grow(p.new_zeros((len(p) - mp.n, *p.shape[1:])))
+            mp.grow_zeros(len(p) - mp.n)
         if i in self._guarded:
             mp.guard()
             self._guarded = tuple(j for j in self._guarded if j != i)

@@ -51,6 +51,7 @@ class PingPong:
         self.bufs = [data.new_empty((cap, *data.shape[1:])) for _ in range(2)]
         self.bufs[0][:n] = data[:n]
         self.cur, self.n = 0, n
+        self._moved: torch.Tensor | None = None  # the rows ``target`` moved the live ones to
         self.lent: torch.Tensor | None = None  # the buffer another store reads (``lend``)
         self.locked: tuple[torch.Tensor, ...] = ()  # the buffers the guarded call must keep
         self._view()
@@ -75,11 +76,37 @@ class PingPong:
         leaf); the next update writes into another buffer, so the value stays as it is. The
         buffer lent before is free again (its borrower has moved on; a guarded call keeps it
         locked)."""
-        buf = self.lent = self.bufs[self.cur]
-        return buf[:self.n]
+        self.lent = self.bufs[self.cur]
+        return self.live.detach() if self.grad else self.live
 
     def _protected(self, buf: torch.Tensor) -> bool:
-        return buf is self.lent or any(buf is b for b in self.locked)
+        if buf is self.lent:
+            return True
+        for b in self.locked:
+            if buf is b:
+                return True
+        return False
+
+    def snapshot(self) -> tuple:
+        """What ``restore`` needs to put this object back as it is (references, no copy; the
+        buffers the rows are in must be left unwritten: ``guard``)."""
+        return (self, list(self.bufs), self.cur, self.n, self.live, self.lent, self.locked)
+
+    @staticmethod
+    def restore(snap: tuple) -> None:
+        """Put back what ``snapshot`` recorded."""
+        pp, bufs, pp.cur, pp.n, pp.live, pp.lent, pp.locked = snap
+        pp.bufs, pp._moved = bufs, None
+
+    def grow_zeros(self, k: int) -> torch.Tensor:
+        """``grow`` with ``k`` rows of zeros (written in place: no tensor of zeros made)."""
+        n = self.n
+        if n + k > len(self.bufs[0]):
+            self._fresh_pool(self.bufs[self.cur], n, max(n + k, 2 * len(self.bufs[0])))
+        self.bufs[self.cur][n:n + k].zero_()
+        self.n = n + k
+        self._view()
+        return self.live
 
     def grow(self, rows: torch.Tensor) -> torch.Tensor:
         """Append ``rows`` (k, ...) after the live rows; returns the new live view. (The rows
@@ -100,18 +127,26 @@ class PingPong:
         old = self.live
         if not self._protected(self.bufs[self.cur]):
             return old, old
-        free = next((i for i, b in enumerate(self.bufs)
-                     if i != self.cur and not self._protected(b)), None)
+        free = None
+        for i, b in enumerate(self.bufs):
+            if i != self.cur and not self._protected(b):
+                free = i
+                break
         if free is None:  # every buffer is in use (lent and locked): one more
             self.bufs = [*self.bufs, self.bufs[self.cur].new_empty(self.bufs[self.cur].shape)]
             free = len(self.bufs) - 1
         self.cur = free
-        return old, self.bufs[free][:self.n]
+        self._moved = new = self.bufs[free][:self.n]
+        return old, new
 
     def commit(self) -> torch.Tensor:
-        """After a write through ``target``: the live view (a new object if it moved)."""
-        if self.live.data_ptr() != self.bufs[self.cur].data_ptr():
-            self._view()
+        """After a write through ``target``: the live view (the rows written if it moved)."""
+        new = self._moved
+        if new is not None:
+            self._moved = None
+            if self.grad:
+                new.requires_grad_(True)
+            self.live = new
         return self.live
 
 
