@@ -117,7 +117,7 @@ class BayesMLP:
         fl = self._flats[name]
         if fl.guarded:
             fl.target(copy=True)
-            self._sync()
+            self._sync(name)
         return fl.live
 
     # ------------------------------------------------------------------ layout
@@ -161,13 +161,18 @@ class BayesMLP:
         self._work = torch.empty(0, 0)
         self.set_prior(prior_mu, prior_prec)
 
-    def _sync(self) -> None:
-        """The live views of the flat vectors and the work buffer's rows."""
+    def _sync(self, name: str | None = None) -> None:
+        """The live views of the flat vectors and the work buffer's rows; ``name`` ("mu",
+        "fisher"): only that vector moved (to its spare buffer, the same size)."""
         fl = self._flats
-        self.mu = fl["mu"].live  # (P,) the means, the optimizer's parameter
-        self.mu_l = self.views(self.mu)
-        self.fisher = fl["fisher"].live  # (P,) EMA of the per-sample Fisher (not bias-corrected)
-        self._fisher_views = self.views(self.fisher)
+        if name != "fisher":
+            self.mu = fl["mu"].live  # (P,) the means, the optimizer's parameter
+            self.mu_l = self.views(self.mu)
+        if name != "mu":
+            self.fisher = fl["fisher"].live  # (P,) EMA of the per-sample Fisher (not bias-
+            self._fisher_views = self.views(self.fisher)  # corrected)
+        if name is not None:
+            return
         self.prior_mu, self.prior_prec = fl["prior_mu"].live, fl["prior_prec"].live  # (P,)
         self.prec0 = fl["prec0"].live  # (P,)
         P, cap = self.P, fl["mu"].bufs[fl["mu"].cur].numel()
