@@ -116,6 +116,26 @@ def per_class(method: str, n_classes: int, dim: int) -> dict:
     return out
 
 
+def ratios_at(method: str, sizes: list[int], dim: int, window: int = 50) -> dict[int, float]:
+    """new / known at each of ``sizes`` classes: medians over the ``window`` pairs (a new
+    class, then a known one) that follow that size, in one stream (the small sizes, where a
+    step's fixed cost dominates, as well as the large ones)."""
+    learner = make_learner(method, **SETTINGS.get(method, {}))
+    base(learner, dim)
+    n = max(sizes) + window
+    Z, y = stream(n, dim)
+    t_new, t_known = np.zeros(n), np.zeros(n)
+    clock = time.perf_counter
+    for k in range(n):
+        a = clock()
+        learner.learn_one(Z[2 * k], int(y[2 * k]))
+        b = clock()
+        learner.learn_one(Z[2 * k + 1], int(y[2 * k + 1]))
+        t_new[k], t_known[k] = b - a, clock() - b
+    return {s: float(np.median(t_new[s:s + window]) / np.median(t_known[s:s + window]))
+            for s in sizes}
+
+
 def profile(method: str, n_classes: int, dim: int, pairs: int = 60, rows: int = 18) -> str:
     """cProfile of ``pairs`` new-class and known-class ``learn_one`` calls, alternating, after
     ``n_classes`` classes: the functions by their own time, known first, then new (where a new
@@ -249,6 +269,9 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true",
                     help="instead of timing: cProfile 60 new- and known-class samples after "
                          "--mlp-classes classes (--classes for the fast learners)")
+    ap.add_argument("--sizes", metavar="N,N,...",
+                    help="instead of timing one size: new / known at each of these numbers of "
+                         "classes (medians over the 50 pairs after each), every learner")
     ap.add_argument("--write-features", metavar="PATH",
                     help="only write a features .npz of --classes classes (2 training rows and "
                          "1 test row each, width --dim) for ciosl run --dataset features:PATH")
@@ -262,6 +285,13 @@ def main() -> None:
     if args.profile:
         for m in methods:
             print(profile(m, args.classes if m in FAST else args.mlp_classes, args.dim), flush=True)
+        return
+    if args.sizes:
+        sizes = [int(v) for v in args.sizes.split(",")]
+        print(f"width {args.dim}, {args.threads} thread(s); new / known at each number of classes")
+        for m in methods:
+            r = ratios_at(m, sizes, args.dim)
+            print(f"{m:<13} " + "  ".join(f"{s}: {v:.2f}" for s, v in r.items()), flush=True)
         return
     print(f"width {args.dim}, {args.threads} thread(s); times are medians of single calls")
     for m in methods:

@@ -150,6 +150,11 @@ def test_scale_times_new_and_known_classes(tmp_path):
         "===== ewc, 60 known-class samples after 12 classes",
         "===== ewc, 60 new-class samples after 12 classes"], prof
     assert any("learners/ewc.py" in line for line in prof[heads[1]:]), prof
+    sizes = run("scale.py", "--methods", "ncm,ewc", "--sizes", "3,9", "--dim", "8",
+                cache=tmp_path)
+    rows = {line.split()[0]: line for line in sizes if line.startswith(("ncm ", "ewc "))}
+    assert set(rows) == {"ncm", "ewc"}, sizes
+    assert all(re.search(r" 3: [\d.]+  9: [\d.]+$", line) for line in rows.values()), sizes
     path = tmp_path / "f.npz"
     run("scale.py", "--write-features", str(path), "--classes", "7", "--dim", "3", cache=tmp_path)
     from ciosl.data.datasets import load_features

@@ -442,14 +442,15 @@ class _Fresh(TorchDispatchMode):
 @pytest.mark.parametrize("method", ["ewc", "mas"])
 def test_ewc_new_class_allocates_nothing_of_the_model_size(method):
     """A new class re-anchors EWC and MAS (theta* := theta, Omega := Omega_run) into their
-    existing storage (``pingpong`` rows, grown by capacity doubling): the elements of fresh
-    tensors a new class's learn_one allocates beyond those of a known class's, at the same
-    moment, are the same at 20 classes and at 600 (away from a doubling) -- no clone of the
-    anchor or the importance, no zero-padded copy of the running importance."""
+    existing storage (``pingpong`` rows, grown by capacity doubling, and lent rows): the
+    elements of fresh tensors a new class's learn_one allocates beyond those of a known class's
+    that also re-anchors (``refresh_every=1``), at the same moment, are the same at 20 classes
+    and at 600 (away from a doubling) -- no clone of the anchor or the importance, no
+    zero-padded copy of the running importance."""
     z = np.ones(8, np.float32)
     extra = []
     for K in (20, 600):
-        learner = _grown(method, K, base_epochs=1)
+        learner = _grown(method, K, base_epochs=1, refresh_every=1)
         learner.learn_one(z, K)  # a doubling, if one is due, happens here
         fresh = {}
         for kind, y in (("known", 3), ("new", K + 1)):
@@ -459,6 +460,24 @@ def test_ewc_new_class_allocates_nothing_of_the_model_size(method):
         assert learner.net.params[-2].shape[0] == K + 2
         extra.append(fresh["new"] - fresh["known"])
     assert extra[0] == extra[1], extra
+
+
+@pytest.mark.parametrize("method", ["ewc", "mas"])
+def test_ewc_step_at_the_anchor_computes_no_penalty(method):
+    """The first step after a refresh is at the anchor (theta = theta*): its penalty gradient
+    c (theta - theta*) is 0 and is not computed -- the step allocates two tensors of each
+    parameter's size fewer (theta - theta* and the penalised gradient) than the next one."""
+    learner = _grown(method, 30, base_epochs=1, refresh_every=2)
+    z = np.ones(8, np.float32)
+    fresh = {True: [], False: []}
+    for _ in range(4):  # refresh_every=2: every other step re-anchors first
+        due = learner._since_refresh >= learner.refresh_every
+        with _Fresh() as f:
+            learner.learn_one(z, 3)
+        fresh[due].append(f.n)
+    P = sum(p.numel() for p in learner.net.params)
+    assert len(set(fresh[True])) == len(set(fresh[False])) == 1 and len(fresh[True]) == 2, fresh
+    assert fresh[False][0] - fresh[True][0] == 2 * P, (fresh, P)
 
 
 @pytest.mark.parametrize("method", ["ewc", "mas"])

@@ -235,8 +235,13 @@ class EWC(FineTune):
         self._since_refresh += 1
         self._accumulate(importance)
         with torch.no_grad():  # d/dtheta lam/2 Omega (theta - theta*)^2, c = lam Omega capped
-            for p, g, c, a in zip(self.net.params, grads, self._curv, self.anchor, strict=True):
-                p.grad = torch.addcmul(g, c, p - a)
+            if self._since_refresh == 1:  # no step since the refresh: theta = theta*, so the
+                for p, g in zip(self.net.params, grads, strict=True):  # penalty's gradient
+                    p.grad = g  # is c * 0 = 0 (not computed: two passes over theta)
+            else:
+                for p, g, c, a in zip(self.net.params, grads, self._curv, self.anchor,
+                                      strict=True):
+                    p.grad = torch.addcmul(g, c, p - a)
         self.opt.step(self.net.params)
 
     # ------------------------------------------------------------------ state
@@ -255,6 +260,12 @@ class EWC(FineTune):
                 snap[0].live = snap[1]
             else:
                 PingPong.restore(snap)
+
+    def _undo_done(self, record: dict[str, Any]) -> None:
+        super()._undo_done(record)
+        for snap in record["ewc_rows"]:
+            if len(snap) != 2:
+                snap[0].unlock()
 
     def _state(self) -> dict[str, Any]:
         return {**super()._state(), "omega": [o.clone() for o in self.omega],

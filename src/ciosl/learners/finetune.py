@@ -126,6 +126,10 @@ class FineTune(Learner):
         for p in self.net.params:
             p.grad = None  # a gradient left by the failed step would add to the next one
 
+    def _undo_done(self, record: dict[str, Any]) -> None:
+        for snap in record["rows"]:
+            snap[0].unlock()
+
     def _state(self) -> dict[str, Any]:
         return {"params": self.net.state(), "momentum": self.opt.state()}
 

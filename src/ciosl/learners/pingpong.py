@@ -71,6 +71,11 @@ class PingPong:
         self.locked = (self.bufs[self.cur],) if self.lent is None else (
             self.bufs[self.cur], self.lent)
 
+    def unlock(self) -> None:
+        """The guarded call succeeded: its buffers are free again (a later write may use them
+        rather than a buffer more)."""
+        self.locked = ()
+
     def lend(self) -> torch.Tensor:
         """The live rows as a value another store keeps (a view, no copy, not a trainable
         leaf); the next update writes into another buffer, so the value stays as it is. The

@@ -167,6 +167,7 @@ class Remind(FineTune):
         self._journal = None
 
     def _undo_done(self, record: dict[str, Any]) -> None:
+        super()._undo_done(record)
         self._journal = None
 
     def _state(self) -> dict[str, Any]:

@@ -108,6 +108,7 @@ class TinyER(FineTune):
         self.memory.rollback(record["memory"])
 
     def _undo_done(self, record: dict[str, Any]) -> None:
+        super()._undo_done(record)
         self.memory.commit()
 
     def _state(self) -> dict[str, Any]:
