@@ -16,6 +16,17 @@ def _hashable(v: Any) -> Any:
     return v.item() if isinstance(v, np.generic) else v
 
 
+_SCALARS = (int, str, np.integer, np.str_)  # a label that np.asarray leaves as one element
+
+
+def _one(labels: Any) -> Any:
+    """The label of a one-label list of a plain scalar (``learn_one``'s), else None: the
+    answers of ``_indices_of`` and ``_any_new`` without an object array (the same answers)."""
+    if type(labels) is list and len(labels) == 1 and isinstance(labels[0], _SCALARS):
+        return _hashable(labels[0])
+    return None
+
+
 class AllOrNothing:
     """The undo machinery of ``Learner`` (``_all_or_nothing`` and the hooks it calls)."""
 
@@ -92,6 +103,10 @@ class AllOrNothing:
         """The internal index each of ``labels`` has or would get (new labels: from
         len(classes_) on, in order of first appearance), without adding any."""
         index, out = self._class_index, []
+        one = _one(labels)
+        if one is not None:
+            k = index.get(one)
+            return np.array([len(self.classes_) if k is None else k], dtype=np.int64)
         new: dict = {}
         for v in np.asarray(labels, dtype=object).reshape(-1):
             v = _hashable(v)
@@ -135,6 +150,9 @@ class AllOrNothing:
         """True if ``labels`` may add a class (or the state is not built yet)."""
         if self.dim_ is None:
             return True
+        one = _one(labels)
+        if one is not None:
+            return one not in self._class_index
         try:
             return any(_hashable(v) not in self._class_index
                        for v in np.asarray(labels, dtype=object).reshape(-1))
