@@ -173,3 +173,35 @@ def test_regime_in_results_and_refusals(tmp_path):
     for method in ("slda", "ncm", "gdumb", "offline"):
         with pytest.raises(ValueError, match=f"'{method}' does not support the batch regime"):
             run_experiment(ExperimentSpec(**spec, method=method, regime="batch"))
+
+
+@pytest.mark.parametrize("method", [n for n, c in available_methods().items()
+                                    if not c._has_batch_update()])
+def test_learn_many_without_a_batch_update_is_learn_one_in_order(method, fs):
+    """A learner without a mini-batch update learns a batch one sample at a time, in order:
+    the same state, bit for bit, as learn_one on each sample (new labels in the batch grow the
+    model where learn_one would); a subclass with a learn_one of its own gets it called."""
+    from ciosl.serial import digest
+
+    settings = {"base_epochs": 1} if method in ("ewc", "mas") else {}
+    a, b = (make_learner(method, **settings) for _ in range(2))
+    for t in (a, b):
+        t.fit_base(fs.train_z[:60:3], fs.train_y[:60:3].tolist())  # classes 0 and 1
+    order = np.random.default_rng(1).permutation(len(fs.train_y))[:24]
+    a.learn_many(fs.train_z[order], [int(fs.train_y[i]) for i in order])
+    for i in order:
+        b.learn_one(fs.train_z[i], int(fs.train_y[i]))
+    assert a.classes_ == b.classes_ and a.n_seen_ == b.n_seen_
+    assert digest(a.state_dict()) == digest(b.state_dict())
+
+    calls = []
+
+    class Own(type(a)):
+        def learn_one(self, z, y):
+            calls.append(y)
+            super().learn_one(z, y)
+
+    own = Own(**settings)
+    own.fit_base(fs.train_z[:60:3], fs.train_y[:60:3].tolist())
+    own.learn_many(fs.train_z[order[:5]], [int(fs.train_y[i]) for i in order[:5]])
+    assert calls == [int(fs.train_y[i]) for i in order[:5]]

@@ -468,8 +468,15 @@ class Learner(AllOrNothing, Persistent):
         with self._all_or_nothing(full=True, labels=y):
             Z, y = self._prepare(Z, y, "learn_many")
             if not self._has_batch_update():
-                for i in range(Z.shape[0]):
-                    self.learn_one(Z[i], y[i])
+                if type(self).learn_one is not Learner.learn_one:  # a learn_one of its own
+                    for i in range(Z.shape[0]):
+                        self.learn_one(Z[i], y[i])
+                    return
+                with single_thread():  # learn_one's update, the rows and labels checked
+                    for i in range(Z.shape[0]):
+                        (yi,) = self._encode_new([y[i]])
+                        self._learn_one(Z[i], int(yi))
+                        self.n_seen_ += 1
                 return
             yi = self._encode_new(y)
             with single_thread() if len(Z) < SMALL_BATCH else contextlib.nullcontext():
