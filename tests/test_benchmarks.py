@@ -161,3 +161,20 @@ def test_scale_times_new_and_known_classes(tmp_path):
 
     ds = load_features(path)
     assert ds.n_classes == 7 and ds.train_x.shape == (14, 3) and ds.test_x.shape == (7, 3)
+
+
+def test_digests_compares_two_runs(tmp_path):
+    """digests.py: the same code gives the same digests (deterministic), and --compare names
+    the first call that differs when they do not."""
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    for path in (a, b):
+        run("digests.py", str(path), "--methods", "ewc,ncm", "--samples", "70", cache=tmp_path)
+    lines = run("digests.py", "--compare", str(a), str(b), cache=tmp_path)
+    assert len(lines) == 12 and all(line.endswith(": equal") for line in lines), lines
+    data = json.loads(b.read_text())
+    key = next(k for k in data if k.startswith("ewc {'refresh_every': 1}"))
+    data[key][3] = "0" * 64
+    b.write_text(json.dumps(data))
+    out = subprocess.run([sys.executable, str(BENCH / "digests.py"), "--compare", str(a), str(b)],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 1 and f"{key}: differs from call 3" in out.stdout, out.stdout
