@@ -90,7 +90,9 @@ def head_arithmetic(rows: int, n_out: int, width: int = 256, reps: int = 30) -> 
     return statistics.median(times)
 
 
-def per_class(method: str, n_classes: int, dim: int) -> dict:
+def timed_pairs(method: str, n_classes: int, dim: int) -> tuple:
+    """(learner, time of each new class's learn_one, time of the known class's learn_one that
+    follows it, whole run): ``n_classes`` pairs after the base init."""
     learner = make_learner(method, **SETTINGS.get(method, {}))
     base(learner, dim)
     Z, y = stream(n_classes, dim)
@@ -103,8 +105,13 @@ def per_class(method: str, n_classes: int, dim: int) -> dict:
         b = clock()
         learner.learn_one(Z[2 * k + 1], int(y[2 * k + 1]))
         t_new[k], t_known[k] = b - a, clock() - b
+    return learner, t_new, t_known, clock() - t0
+
+
+def per_class(method: str, n_classes: int, dim: int) -> dict:
+    learner, t_new, t_known, total = timed_pairs(method, n_classes, dim)
     tenth = max(n_classes // 10, 1)
-    out = {"method": method, "classes": n_classes, "total": clock() - t0,
+    out = {"method": method, "classes": n_classes, "total": total,
            "new_first": float(np.median(t_new[:tenth])),
            "new_last": float(np.median(t_new[-tenth:])),
            "known_first": float(np.median(t_known[:tenth])),
@@ -120,18 +127,7 @@ def ratios_at(method: str, sizes: list[int], dim: int, window: int = 50) -> dict
     """new / known at each of ``sizes`` classes: medians over the ``window`` pairs (a new
     class, then a known one) that follow that size, in one stream (the small sizes, where a
     step's fixed cost dominates, as well as the large ones)."""
-    learner = make_learner(method, **SETTINGS.get(method, {}))
-    base(learner, dim)
-    n = max(sizes) + window
-    Z, y = stream(n, dim)
-    t_new, t_known = np.zeros(n), np.zeros(n)
-    clock = time.perf_counter
-    for k in range(n):
-        a = clock()
-        learner.learn_one(Z[2 * k], int(y[2 * k]))
-        b = clock()
-        learner.learn_one(Z[2 * k + 1], int(y[2 * k + 1]))
-        t_new[k], t_known[k] = b - a, clock() - b
+    _, t_new, t_known, _ = timed_pairs(method, max(sizes) + window, dim)
     return {s: float(np.median(t_new[s:s + window]) / np.median(t_known[s:s + window]))
             for s in sizes}
 
