@@ -53,7 +53,7 @@ its own. Only the curvature min(lam Omega, cap) is computed (``torch.mul(..., ou
 ``clamp_``: the same bits as ``torch.clamp(lam * Omega, max=cap)``). A new class appends its
 rows in place. Rollback: a call that may be undone first ``guard``s the buffers (they are locked:
 no write of the call goes into them) and its undo record keeps the stores' references
-(``undo.keep``), no value copied. A known-class step re-anchors after its finite check, so a
+(``snapshot``), no value copied. A known-class step re-anchors after its finite check, so a
 non-finite loss raises before anything changed.
 """
 
@@ -134,12 +134,9 @@ class EWC(FineTune):
         into the buffers the recorded rows are in (``pingpong``)."""
         record = []
         for name in self.SLOTS:
-            for s in self._rows[name]:
-                if isinstance(s, PingPong):
-                    record.append(s.snapshot())
-                    s.guard()
-                else:
-                    record.append((s, s.live))
+            for store in self._rows[name]:  # a PingPong or a Borrowed value
+                record.append(store.snapshot())
+                store.guard()
         return record
 
     # ------------------------------------------------------------------ importance
@@ -246,8 +243,8 @@ class EWC(FineTune):
 
     # ------------------------------------------------------------------ state
     def _undo_record(self, yi: np.ndarray) -> dict[str, Any]:
-        """Every storage tensor guarded (its first write in the call goes to its other buffer)
-        and kept by reference: no value copied."""
+        """Every store snapshotted by reference and guarded (no write of the call goes into the
+        buffers the snapshot's rows are in): no value copied."""
         return {**super()._undo_record(yi),
                 "ewc": keep_attrs(self, ("_rows", "n_omega", "_since_refresh", "_streaming")),
                 "ewc_rows": self._guard()}
@@ -256,16 +253,12 @@ class EWC(FineTune):
         super()._undo(record, n_classes)
         restore(record["ewc"])
         for snap in record["ewc_rows"]:
-            if len(snap) == 2:  # a Borrowed value
-                snap[0].live = snap[1]
-            else:
-                PingPong.restore(snap)
+            snap[0].restore(snap)
 
     def _undo_done(self, record: dict[str, Any]) -> None:
         super()._undo_done(record)
         for snap in record["ewc_rows"]:
-            if len(snap) != 2:
-                snap[0].unlock()
+            snap[0].unlock()
 
     def _state(self) -> dict[str, Any]:
         return {**super()._state(), "omega": [o.clone() for o in self.omega],

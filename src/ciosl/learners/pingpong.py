@@ -11,9 +11,9 @@ updates the rows in place and a failed call would need a copy of them to roll ba
   view of them stays valid) and makes a new ``live`` view; past the capacity the pool is
   reallocated at twice the size (amortised O(row) per row);
 - ``guard()`` (at the start of a call that may have to be undone): the buffers that the state
-  before the call uses (the current one, the one lent) are locked until the next ``guard``: no
-  update writes into them, so the call is undone by putting back the old view and counters
-  (``keep(self)``): no copy;
+  before the call uses (the current one, the one lent) are locked until ``unlock`` (the call
+  succeeded) or the next ``guard``: no update writes into them, so the call is undone by
+  putting back the old view and counters (``snapshot`` / ``restore``): no copy;
 - ``lend()``: the live rows as a read-only value for another store (EWC's anchor theta* :=
   theta, its frozen importance Omega := Omega_run): the buffer is marked lent and the next
   update writes its result into another buffer. Re-anchoring is then a reference, not a copy;
@@ -162,3 +162,16 @@ class Borrowed:
 
     def __init__(self, value: torch.Tensor):
         self.live = value
+
+    def snapshot(self) -> tuple:  # the same undo protocol as ``PingPong`` (nothing to lock)
+        return self, self.live
+
+    @staticmethod
+    def restore(snap: tuple) -> None:
+        snap[0].live = snap[1]
+
+    def guard(self) -> None:
+        pass
+
+    def unlock(self) -> None:
+        pass
