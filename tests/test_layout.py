@@ -1,4 +1,4 @@
-"""The code flows one way: data -> learners -> evaluation -> report -> cli (shared/DESIGN.md).
+"""The code flows one way: data -> learners -> evaluation -> report -> serve -> cli (shared/DESIGN.md).
 A module imports from its own layer, from the layers before it and from the shared modules at
 the package's root (errors, fileio, checks), never from a layer after it."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import ciosl
 
-ORDER = ["data", "learners", "evaluation", "report", "cli"]
+ORDER = ["data", "learners", "evaluation", "report", "serve", "cli"]
 ROOT = Path(ciosl.__file__).parent
 # known back-edges, each to be moved. The test fails when one is fixed and still listed, too.
 KNOWN = set()
@@ -42,4 +42,4 @@ def test_no_layer_imports_a_later_one():
         back += [f"{rel} imports {m}" for m in sorted(_imports(path))
                  if (other := _layer(m)) is not None and other > own]
     assert set(back) == KNOWN, set(back) ^ KNOWN
-    assert _layer("ciosl.data.datasets") == 0 and _layer("ciosl.cli") == 4  # the check runs
+    assert _layer("ciosl.data.datasets") == 0 and _layer("ciosl.cli") == 5  # the check runs

@@ -7,17 +7,18 @@ Public API (``help(ciosl.NAME)`` documents each):
 - ``Learner``: the protocol every learner follows (subclass it for your own method);
 - ``register``: class decorator that makes a ``Learner`` available by its ``name``;
 - ``check_learner(cls)``: the conformance suite every learner passes, on your own learner;
+- ``Client(url, token=...)``: a learner served by ``ciosl serve``, behind the same calls;
 - adapters: ``ciosl.river.RiverClassifier``, ``ciosl.sklearn.StreamingClassifier``.
 """
 
 __version__ = "0.1.0"
 
-__all__ = ["Learner", "available_methods", "check_learner", "make_learner", "register",
+__all__ = ["Client", "Learner", "available_methods", "check_learner", "make_learner", "register",
            "__version__"]
 
 _LAZY = {"Learner": "ciosl.learners.base", "available_methods": "ciosl.learners.base",
          "make_learner": "ciosl.learners.base", "register": "ciosl.learners.base",
-         "check_learner": "ciosl.conformance"}
+         "check_learner": "ciosl.conformance", "Client": "ciosl.serve.client"}
 
 
 def __getattr__(name):  # lazy: `import ciosl` stays cheap and free of torch until needed

@@ -178,6 +178,33 @@ def build_parser() -> argparse.ArgumentParser:
                        "experiments at the cells' file names (default: refuse, naming the "
                        "difference)")
 
+    serve = sub.add_parser("serve", help="serve a learner over HTTP: it learns and answers at "
+                           "once, and keeps every acknowledged learn (docs/serve.md)")
+    serve.add_argument("--dir", required=True, help="folder of the learner's snapshot and "
+                       "write-ahead log; an existing one is resumed (required)")
+    serve.add_argument("--method", default=None, help="method name (see `ciosl methods`); "
+                       "required for a new --dir (default: the folder's)")
+    serve.add_argument("--set", dest="settings", action="append", default=[],
+                       metavar="NAME=VALUE", help="a method setting, repeatable (default: the "
+                       "method's defaults; an existing --dir keeps its own)")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: "
+                       "127.0.0.1, this machine only)")
+    serve.add_argument("--port", type=int, default=8000, help="port; 0 picks a free one")
+    serve.add_argument("--token-file", default=None, help="file holding the bearer token "
+                       "(default: $CIOSL_TOKEN, else DIR/token, made at random with mode 0600)")
+    serve.add_argument("--extractor", default=None, help="accept images (base64 PNG, JPEG, "
+                       "WebP) through this frozen extractor: efficientnet_lite0[@S] or "
+                       "mobilenet_v2 (default: features only)")
+    serve.add_argument("--snapshot-every", type=int, default=100_000, metavar="N",
+                       help="snapshot after N samples learned (0: not by count)")
+    serve.add_argument("--snapshot-seconds", type=float, default=300.0, metavar="T",
+                       help="snapshot T seconds after the last one when there is news (0: not "
+                       "by time)")
+    serve.add_argument("--max-batch", type=int, default=4096, help="samples per request at most")
+    serve.add_argument("--max-body", type=int, default=64 << 20, help="bytes per request body "
+                       "at most")
+    serve.add_argument("--threads", type=int, default=1, help="torch threads")
+
     report = sub.add_parser("report", help="tables and figures from a folder of result JSONs")
     report.add_argument("results", help="folder of result JSONs (searched recursively)")
     report.add_argument("--format", choices=("md", "html"), default="md",
@@ -245,6 +272,16 @@ def main(argv: list[str] | None = None) -> int:
             report = write_report(args.results, fmt=args.format, out=args.out,
                                   omega_events=args.omega_events)
             out.print_report(report)
+        elif args.command == "serve":
+            from ciosl.evaluation.validation import parse_assignments, set_threads
+            from ciosl.serve.server import serve_command
+
+            set_threads(args.threads)
+            return serve_command(args.dir, args.method, parse_assignments(args.settings),
+                                 host=args.host, port=args.port, token_file=args.token_file,
+                                 extractor=args.extractor, snapshot_every=args.snapshot_every,
+                                 snapshot_seconds=args.snapshot_seconds,
+                                 max_batch=args.max_batch, max_body=args.max_body)
         elif args.command == "run":
             from ciosl.evaluation.experiment import (
                 ExperimentSpec,

@@ -23,6 +23,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import threading
+import weakref
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -176,20 +178,36 @@ def checked_proba(learner: Any, P: Any, n: int) -> np.ndarray:
 # the protocol's entry points: a subclass that overrides one is wrapped too (see
 # Learner.__init_subclass__), so that a learner calling sys.exit raises LearnerError instead of
 # ending the program without a result (and with status 0)
-GUARDED = ("fit_base", "learn_one", "learn_many", "predict_proba", "predict",
+GUARDED = ("fit_base", "learn_one", "learn_many", "predict_proba", "predict", "save",
            "predict_proba_one", "predict_one", "state_dict", "load_state_dict", "memory_bytes",
            "score", "clone")
 
 
+_LOCKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # learner -> its RLock
+_LOCKS_LOCK = threading.Lock()
+
+
+def lock_of(learner: Any) -> threading.RLock:
+    """The lock that serialises ``learner``'s public calls (made on first use; kept outside the
+    learner, so that copies, pickles and state dicts never hold one)."""
+    lock = _LOCKS.get(learner)
+    if lock is None:
+        with _LOCKS_LOCK:
+            lock = _LOCKS.setdefault(learner, threading.RLock())
+    return lock
+
+
 def _no_exit(fn: Callable) -> Callable:
-    """``fn`` with ``SystemExit`` turned into ``LearnerError`` naming the method."""
+    """``fn`` under the learner's lock (``lock_of``: one public call at a time, from any
+    thread), with ``SystemExit`` turned into ``LearnerError`` naming the method."""
     if getattr(fn, "_ciosl_no_exit", False):
         return fn
 
     @functools.wraps(fn)
     def guarded(self, *args, **kwargs):
         try:
-            return fn(self, *args, **kwargs)
+            with lock_of(self):
+                return fn(self, *args, **kwargs)
         except SystemExit as e:
             raise LearnerError(f"{describe_learner(self)}: {fn.__name__} called "
                                f"sys.exit({e.code!r}); a learner must raise an exception, "

@@ -1,0 +1,219 @@
+"""The write-ahead log of a served learner: one record per acknowledged learn request.
+
+A segment file ``log-<base>.wal`` starts with a header (magic, version, base) and holds the
+records numbered ``base + 1, base + 2, ...`` in order. A record is
+
+    header  <4s I I Q>   magic b"CREC", payload length, crc32(seq + payload), seq
+    payload <I> json-length, json {"id", "y", "n", "d"}, then n * d little-endian float32
+
+The rule that reading follows: a record whose checksum fails, or that is cut short, is a torn
+write only when nothing follows it (the last record of the last segment: a power cut in the
+middle of a write, never acknowledged); it is dropped and the file truncated there. A bad record
+with anything after it is damage, and ``LogDamaged`` refuses the folder: a log is never silently
+cut in the middle.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+FILE_MAGIC = b"CIOSL-WAL\n"
+FILE_HEADER = struct.Struct("<10sIQ")  # magic, version, base seq
+VERSION = 1
+REC_MAGIC = b"CREC"
+REC_HEADER = struct.Struct("<4sIIQ")  # magic, payload length, crc32, seq
+MAX_PAYLOAD = 1 << 30  # a length field above this is damage, not a record
+
+
+class LogDamaged(ValueError):
+    """The log cannot be read back as it was written (not a torn last record)."""
+
+
+@dataclass(frozen=True)
+class Record:
+    seq: int
+    id: str | None
+    x: np.ndarray  # (n, d) float32
+    y: list
+
+    @property
+    def n(self) -> int:
+        return len(self.y)
+
+
+def encode(seq: int, x: np.ndarray, y: list, rid: str | None) -> bytes:
+    """One record's bytes (header and payload)."""
+    x = np.ascontiguousarray(x, dtype="<f4")
+    meta = json.dumps({"id": rid, "y": y, "n": int(x.shape[0]), "d": int(x.shape[1])},
+                      separators=(",", ":")).encode()
+    payload = struct.pack("<I", len(meta)) + meta + x.tobytes()
+    crc = zlib.crc32(struct.pack("<Q", seq) + payload)
+    return REC_HEADER.pack(REC_MAGIC, len(payload), crc, seq) + payload
+
+
+def _decode(seq: int, payload: bytes, where: str) -> Record:
+    try:
+        (m,) = struct.unpack_from("<I", payload)
+        meta = json.loads(payload[4 : 4 + m])
+        n, d = int(meta["n"]), int(meta["d"])
+        x = np.frombuffer(payload, dtype="<f4", count=n * d, offset=4 + m).reshape(n, d)
+        y, rid = list(meta["y"]), meta["id"]
+    except Exception as e:  # a checksum matched, so this is a writer's bug, not a torn write
+        raise LogDamaged(f"{where}: record {seq} does not decode ({type(e).__name__})") from None
+    if len(y) != n or 4 + m + 4 * n * d != len(payload):
+        raise LogDamaged(f"{where}: record {seq} has inconsistent sizes")
+    return Record(seq, rid, x.astype(np.float32), y)
+
+
+def segment_name(base: int) -> str:
+    return f"log-{base:012d}.wal"
+
+
+def segment_base(path: Path) -> int | None:
+    """The base of a segment file name, or None if ``path`` is not one."""
+    name = path.name
+    if not (name.startswith("log-") and name.endswith(".wal")):
+        return None
+    digits = name[4:-4]
+    return int(digits) if digits.isdigit() else None
+
+
+def read_segment(path: Path, *, last: bool) -> tuple[int, list[Record], int]:
+    """(base, records, good_end) of a segment. ``last``: the newest segment, whose final record
+    may be torn (dropped: ``good_end`` is where the good records end); in any other segment a
+    bad record is damage."""
+    data = path.read_bytes()
+    if len(data) < FILE_HEADER.size:
+        if last and FILE_MAGIC.startswith(data[: len(FILE_MAGIC)]):
+            raise LogDamaged(f"{path}: log segment without a complete header")
+        raise LogDamaged(f"{path}: not a ciosl log segment")
+    magic, version, base = FILE_HEADER.unpack_from(data)
+    if magic != FILE_MAGIC:
+        raise LogDamaged(f"{path}: not a ciosl log segment")
+    if version != VERSION:
+        raise LogDamaged(f"{path}: log format version {version}, this ciosl reads {VERSION}")
+    records, pos, expect = [], FILE_HEADER.size, base + 1
+    while pos < len(data):
+        problem, end = _record_problem(data, pos, expect)
+        if problem is not None:
+            if last and end >= len(data):  # nothing after it: a torn last write
+                break
+            raise LogDamaged(f"{path}: damaged record at byte {pos} ({problem}) with "
+                             f"{len(data) - max(end, pos)} bytes after it")
+        payload = data[pos + REC_HEADER.size : end]
+        records.append(_decode(expect, payload, str(path)))
+        pos, expect = end, expect + 1
+    return base, records, pos
+
+
+def _record_problem(data: bytes, pos: int, expect: int) -> tuple[str | None, int]:
+    """What is wrong with the record at ``pos`` (None if it is good) and where it ends."""
+    if len(data) - pos < REC_HEADER.size:
+        return "cut short", len(data)
+    magic, length, crc, seq = REC_HEADER.unpack_from(data, pos)
+    end = pos + REC_HEADER.size + length
+    if magic != REC_MAGIC or length > MAX_PAYLOAD:
+        return "bad header", len(data)  # its length cannot be trusted: nothing after is known
+    if end > len(data):
+        return "cut short", len(data)
+    if seq != expect:
+        return f"sequence {seq} where {expect} was due", end
+    if zlib.crc32(struct.pack("<Q", seq) + data[pos + REC_HEADER.size : end]) != crc:
+        return "checksum mismatch", end
+    return None, end
+
+
+def fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class Segment:
+    """An open segment, appended to by one writer. ``append`` writes a group of records in one
+    write and fsyncs once (group commit)."""
+
+    def __init__(self, path: Path, base: int, *, create: bool, good_end: int | None = None):
+        self.path, self.base = path, base
+        if create:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            os.write(fd, FILE_HEADER.pack(FILE_MAGIC, VERSION, base))
+            os.fsync(fd)
+            fsync_dir(path.parent)
+        else:
+            fd = os.open(path, os.O_WRONLY)
+            if good_end is not None and good_end < os.fstat(fd).st_size:
+                os.ftruncate(fd, good_end)  # a torn last record: dropped
+                os.fsync(fd)
+        os.lseek(fd, 0, os.SEEK_END)
+        self.fd = fd
+
+    def append(self, blob: bytes) -> None:
+        view = memoryview(blob)
+        while view:
+            n = os.write(self.fd, view)
+            view = view[n:]
+        os.fsync(self.fd)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def segments(folder: Path) -> list[tuple[int, Path]]:
+    """The segment files of ``folder`` by base; anything else there is refused."""
+    found = []
+    for p in folder.iterdir():
+        base = segment_base(p)
+        if base is None:
+            if p.name.startswith("."):  # a writer's temporary
+                continue
+            raise LogDamaged(f"{p}: unexpected file in the log folder")
+        found.append((base, p))
+    return sorted(found)
+
+
+def read_log(folder: Path, after: int) -> tuple[list[Record], tuple[Path, int, int] | None]:
+    """Every record numbered above ``after``, in order, checked to follow each other; and the
+    last segment as (path, base, good_end) to continue appending to (None when there is
+    none)."""
+    segs = segments(folder)
+    out: list[Record] = []
+    expect = after + 1
+    tail = None
+    for i, (base, path) in enumerate(segs):
+        last = i == len(segs) - 1
+        b, records, good_end = read_segment(path, last=last)
+        if b != base:
+            raise LogDamaged(f"{path}: its header says base {b}, its name {base}")
+        for rec in records:
+            if rec.seq < expect:
+                continue  # already in the snapshot
+            if rec.seq != expect:
+                raise LogDamaged(f"{path}: record {rec.seq} follows {expect - 1}: records "
+                                 "are missing")
+            out.append(rec)
+            expect += 1
+        if last:
+            tail = (path, base, good_end)
+    if segs and segs[-1][0] > expect - 1:
+        raise LogDamaged(f"{segs[-1][1]}: starts after record {segs[-1][0]}, but the snapshot "
+                         f"and the log before it end at {expect - 1}: records are missing")
+    return out, tail
+
+
+def iter_ids(records: list[Record]) -> Iterator[tuple[int, Any]]:
+    for r in records:
+        yield r.seq, r.id
