@@ -1,0 +1,103 @@
+"""The write-ahead log: records read back as written; a torn last record is dropped; damage
+before the last record, or a gap between segments, is refused."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ciosl.serve import wal
+
+
+def _segment(folder, base, records):
+    seg = wal.Segment(folder / wal.segment_name(base), base, create=True)
+    seg.append(b"".join(wal.encode(s, x, y, rid) for s, x, y, rid in records))
+    seg.close()
+    return folder / wal.segment_name(base)
+
+
+def _records(first, n, d=3):
+    rng = np.random.default_rng(first)
+    return [(first + i, rng.normal(size=(i + 1, d)).astype(np.float32),
+             [f"c{i}"] * (i + 1), f"id{first + i}" if i % 2 == 0 else None) for i in range(n)]
+
+
+def test_records_read_back_exactly(tmp_path):
+    recs = _records(1, 4)
+    _segment(tmp_path, 0, recs)
+    out, tail = wal.read_log(tmp_path, 0)
+    assert [r.seq for r in out] == [1, 2, 3, 4]
+    for r, (seq, x, y, rid) in zip(out, recs, strict=True):
+        assert r.seq == seq and np.array_equal(r.x, x) and r.y == y and r.id == rid
+    assert tail[1] == 0 and tail[2] == (tmp_path / wal.segment_name(0)).stat().st_size
+
+
+def test_records_covered_by_the_snapshot_are_skipped(tmp_path):
+    _segment(tmp_path, 0, _records(1, 4))
+    out, _ = wal.read_log(tmp_path, 2)
+    assert [r.seq for r in out] == [3, 4]
+
+
+@pytest.mark.parametrize("cut", [1, 5, 17, 30])
+def test_a_torn_last_record_is_dropped(tmp_path, cut):
+    path = _segment(tmp_path, 0, _records(1, 3))
+    data = path.read_bytes()
+    path.write_bytes(data[:-cut])  # the last write was cut short
+    out, (_, _, good_end) = wal.read_log(tmp_path, 0)
+    assert [r.seq for r in out] == [1, 2]
+    # appending continues where the good records end
+    seg = wal.Segment(path, 0, create=False, good_end=good_end)
+    seg.append(wal.encode(3, np.ones((1, 3), np.float32), ["z"], "again"))
+    seg.close()
+    out, _ = wal.read_log(tmp_path, 0)
+    assert [r.seq for r in out] == [1, 2, 3] and out[-1].id == "again"
+
+
+def test_a_flipped_byte_in_the_last_record_is_a_torn_write(tmp_path):
+    path = _segment(tmp_path, 0, _records(1, 3))
+    data = bytearray(path.read_bytes())
+    data[-2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    out, _ = wal.read_log(tmp_path, 0)
+    assert [r.seq for r in out] == [1, 2]
+
+
+def test_damage_before_the_last_record_is_refused(tmp_path):
+    recs = _records(1, 3)
+    path = _segment(tmp_path, 0, recs)
+    data = bytearray(path.read_bytes())
+    first_end = wal.FILE_HEADER.size + len(wal.encode(*recs[0][:3], recs[0][3]))
+    data[first_end - 3] ^= 0xFF  # inside the first record's features
+    path.write_bytes(bytes(data))
+    with pytest.raises(wal.LogDamaged, match="damaged record"):
+        wal.read_log(tmp_path, 0)
+
+
+def test_a_torn_record_in_an_older_segment_is_damage(tmp_path):
+    old = _segment(tmp_path, 0, _records(1, 2))
+    _segment(tmp_path, 2, _records(3, 2))
+    old.write_bytes(old.read_bytes()[:-4])
+    with pytest.raises(wal.LogDamaged):
+        wal.read_log(tmp_path, 0)
+
+
+def test_segments_continue_and_a_gap_is_refused(tmp_path):
+    _segment(tmp_path, 0, _records(1, 2))
+    _segment(tmp_path, 2, _records(3, 2))
+    out, tail = wal.read_log(tmp_path, 0)
+    assert [r.seq for r in out] == [1, 2, 3, 4] and tail[1] == 2
+    (tmp_path / wal.segment_name(0)).unlink()
+    with pytest.raises(wal.LogDamaged, match="missing"):
+        wal.read_log(tmp_path, 0)  # records 1-2 are gone
+    out, _ = wal.read_log(tmp_path, 2)  # a snapshot at 2 covers them
+    assert [r.seq for r in out] == [3, 4]
+
+
+def test_a_file_that_is_not_a_segment_is_refused(tmp_path):
+    (tmp_path / wal.segment_name(0)).write_bytes(b"hello, this is not a log at all")
+    with pytest.raises(wal.LogDamaged, match="not a ciosl log segment"):
+        wal.read_log(tmp_path, 0)
+    (tmp_path / wal.segment_name(0)).unlink()
+    (tmp_path / "notes.txt").write_text("x")
+    with pytest.raises(wal.LogDamaged, match="unexpected file"):
+        wal.read_log(tmp_path, 0)
