@@ -267,3 +267,16 @@ def test_images_through_the_extractor(tmp_path):
         assert h.get("/v1/health").json()["dim"] == 1280
         r = h.post("/v1/predict", json={"images": [base64.b64encode(b"not an image").decode()]})
         assert r.status_code == 400 and "images[0]" in r.json()["error"]
+
+
+def test_the_readmes_serve_example_runs(tmp_path):
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    (code,) = re.findall(r"```python\n(# serve client.*?)```", readme, re.S)
+    scope: dict = {}
+    exec(compile(code, "README.md", "exec"), scope)
+    with Server(tmp_path, "--method", "ncm") as s:
+        classes, labels = scope["serve_demo"](s.url, s.token)
+    assert classes == ["espresso-cup", "saucer"] and list(labels) == ["espresso-cup"]
