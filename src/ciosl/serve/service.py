@@ -4,10 +4,10 @@ The folder (``DIR``) holds ``ciosl-serve.json`` (method, settings), ``snapshot.j
 snapshot is current and the sequence number it ends at), ``snapshots/`` (learner files and the
 idempotency ids they cover), ``log/`` (the segments of ``wal``), ``token`` and ``.lock``.
 
-The rule: one writer thread takes learn requests in arrival order, applies each to the learner
-(all-or-nothing: a request that raises changes nothing and is not logged), appends the records
-of everything it applied as one write, fsyncs once (group commit) and only then acknowledges
-them. Recovery is the current snapshot plus the log records after it; a snapshot is written
+The rule: one writer thread takes learn requests in arrival order and applies each to the
+learner (all-or-nothing: a request that raises changes nothing and is not logged); a syncer
+thread appends the records of every group waiting as one write, fsyncs once (group commit) and
+only then acknowledges them, while the writer applies the next group. Recovery is the current snapshot plus the log records after it; a snapshot is written
 atomically and the log segments it covers are deleted only after it is current. A request whose
 id was acknowledged before (within the last ``id_window`` ids) is answered as a duplicate and
 learns nothing.
@@ -115,6 +115,8 @@ class Service:
         self.recovery_seconds = 0.0
         self._queue: queue.Queue = queue.Queue()
         self._thread: threading.Thread | None = None
+        self._syncer: threading.Thread | None = None
+        self._sync_queue: queue.Queue = queue.Queue()
         self._lock_fd = -1
         self._segment: wal.Segment | None = None
         self._since_snapshot = 0
@@ -129,6 +131,8 @@ class Service:
             self._release()
             raise
         self.recovery_seconds = time.perf_counter() - t0
+        self._syncer = threading.Thread(target=self._sync, name="ciosl-syncer", daemon=True)
+        self._syncer.start()
         self._thread = threading.Thread(target=self._writer, name="ciosl-writer", daemon=True)
         self._thread.start()
         return self
@@ -292,6 +296,9 @@ class Service:
             stop = _Job("stop")
             self._queue.put(stop)
             self._thread.join()
+        if self._syncer is not None and self._syncer.is_alive():
+            self._sync_queue.put(None)
+            self._syncer.join()
         if self._segment is not None:
             self._segment.close()
         self._release()
@@ -311,7 +318,8 @@ class Service:
                     jobs.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
-            stop = self._learn_group([j for j in jobs if j.kind == "learn"])
+            self._learn_group([j for j in jobs if j.kind == "learn"])
+            stop = False
             for job in jobs:
                 if job.kind == "snapshot":
                     self._snapshot_job(job)
@@ -333,70 +341,85 @@ class Service:
         for job in rest:
             if job.kind == "snapshot":
                 self._snapshot_job(job)
+        self._sync_queue.join()
         if self.options.snapshot_on_close and self.broken is None and self.seq > self.snap_seq:
             with contextlib.suppress(Exception):
                 self._snapshot()
 
-    def _learn_group(self, jobs: list[_Job]) -> bool:
-        """Apply, log with one fsync, acknowledge. Returns False (the writer goes on)."""
+    def _learn_group(self, jobs: list[_Job]) -> None:
+        """Apply each request in order and hand its record to the syncer, which writes and
+        fsyncs the group and then acknowledges it; the writer goes on applying the next group
+        meanwhile (the fsync of one group overlaps the work of the next)."""
         if not jobs:
-            return False
+            return
         learner = self.learner
-        done: list[tuple[_Job, Answer]] = []
         blobs: list[bytes] = []
-        logged: list[tuple[_Job, Answer]] = []
-        seq = self.seq
-        pending_ids: dict[str, int] = {}
+        acks: list[tuple[_Job, Answer]] = []
+        samples = 0
         for job in jobs:
             if self.broken is not None:
-                done.append((job, Answer(503, {"error": self.broken})))
+                job.future.set_result(Answer(503, {"error": self.broken}))
                 continue
-            if job.rid is not None and (job.rid in self.ids or job.rid in pending_ids):
-                first = self.ids.get(job.rid, pending_ids.get(job.rid))
-                logged.append((job, Answer(200, {"learned": 0, "duplicate": True,
-                                                 "seq": first})))
+            if job.rid is not None and job.rid in self.ids:  # acknowledged, or about to be
+                acks.append((job, Answer(200, {"learned": 0, "duplicate": True,
+                                               "seq": self.ids[job.rid]})))
                 continue
             try:
                 _apply(learner, job.x, job.y)
             except (ValueError, TypeError) as e:
-                done.append((job, Answer(422, {"error": _one_line(e)})))
+                job.future.set_result(Answer(422, {"error": _one_line(e)}))
                 continue
             except Exception as e:  # a learner's failure: all-or-nothing left it unchanged
-                done.append((job, Answer(500, {"error": _one_line(e)})))
+                job.future.set_result(Answer(500, {"error": _one_line(e)}))
                 continue
-            seq += 1
-            blobs.append(wal.encode(seq, job.x, job.y, job.rid))
-            if job.rid is not None:
-                pending_ids[job.rid] = seq
-            logged.append((job, Answer(200, {"learned": len(job.y), "duplicate": False,
-                                             "seq": seq, "seen": int(learner.n_seen_)})))
-        if blobs:
-            t0 = time.perf_counter()
-            try:
-                self._segment.append(b"".join(blobs))
-            except OSError as e:
-                # applied in memory but not durable: refuse every later learn (a restart
-                # recovers the acknowledged state from the snapshot and the log)
-                self.broken = (f"cannot write the log {self._segment.path} "
-                               f"({e.strerror or e}); restart the server to recover")
-                for job, _ in logged:
-                    done.append((job, Answer(503, {"error": self.broken})))
-                logged = []
-            else:
-                n = sum(len(j.y) for j, a in logged if not a.body.get("duplicate"))
-                self.seq = seq
-                for rid, s in pending_ids.items():
-                    self._remember(rid, s)
-                self._since_snapshot += n
-                if self.on_commit is not None:
-                    self.on_commit(time.perf_counter() - t0, len(blobs), n)
-        seen = int(learner.n_seen_)
-        for job, answer in logged:
-            answer.body.setdefault("seen", seen)
-            job.future.set_result(answer)
-        for job, answer in done:
-            job.future.set_result(answer)
-        return False
+            self.seq += 1
+            blobs.append(wal.encode(self.seq, job.x, job.y, job.rid))
+            self._remember(job.rid, self.seq)  # a retry queued behind it is its duplicate
+            samples += len(job.y)
+            acks.append((job, Answer(200, {"learned": len(job.y), "duplicate": False,
+                                           "seq": self.seq, "seen": int(learner.n_seen_)})))
+        self._since_snapshot += samples
+        if acks:
+            self._sync_queue.put((blobs, acks, samples))
+
+    def _sync(self) -> None:
+        """The syncer: writes the records of every group waiting, fsyncs once, then
+        acknowledges them (in order: a duplicate's answer comes after its original's)."""
+        while True:
+            item = self._sync_queue.get()
+            items = [item]
+            while item is not None:
+                try:
+                    item = self._sync_queue.get_nowait()
+                except queue.Empty:
+                    break
+                items.append(item)
+            groups = [i for i in items if i is not None]
+            blobs = [b for g in groups for b in g[0]]
+            acks = [a for g in groups for a in g[1]]
+            if blobs and self.broken is None:
+                t0 = time.perf_counter()
+                try:
+                    self._segment.append(b"".join(blobs))
+                except OSError as e:
+                    # applied in memory but not durable: refuse every later learn (a restart
+                    # recovers the acknowledged state from the snapshot and the log)
+                    self.broken = (f"cannot write the log {self._segment.path} "
+                                   f"({e.strerror or e}); restart the server to recover")
+                else:
+                    if self.on_commit is not None:
+                        self.on_commit(time.perf_counter() - t0, len(blobs),
+                                       sum(g[2] for g in groups))
+            seen = int(self.learner.n_seen_)
+            for job, answer in acks:
+                if self.broken is not None:
+                    answer = Answer(503, {"error": self.broken})
+                answer.body.setdefault("seen", seen)
+                job.future.set_result(answer)
+            for _ in items:
+                self._sync_queue.task_done()
+            if items[-1] is None:
+                return
 
     def _snapshot_job(self, job: _Job) -> None:
         try:
@@ -417,6 +440,7 @@ class Service:
     def _snapshot(self) -> dict:
         """Write the learner and its ids at ``self.seq``, make it current, drop what it
         covers. Runs on the writer thread: no learn is in progress."""
+        self._sync_queue.join()  # every applied record is written before the log rotates
         f, s = self.folder, self.seq
         if self.broken is not None:
             raise RuntimeError(self.broken)
