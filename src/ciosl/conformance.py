@@ -303,6 +303,26 @@ def check_save_load(cls, settings) -> None:
     np.testing.assert_array_equal(loaded.predict_proba(Zt), learner.predict_proba(Zt))
 
 
+def check_copies(cls, settings) -> None:
+    """(6c) ``copy.deepcopy`` and ``pickle`` give a learner that predicts and continues
+    learning identically, as save and load do."""
+    import copy
+    import pickle
+
+    Zb, yb, Zs, ys = class_stream()
+    Zt, _ = held_out()
+    half = len(ys) // 2
+    learner = learn(cls(**settings).fit_base(Zb, [INT_LABELS[k] for k in yb]), Zs[:half],
+                    ys[:half])
+    twins = [copy.deepcopy(learner), pickle.loads(pickle.dumps(learner))]
+    learn(learner, Zs[half:], ys[half:])
+    for twin in twins:
+        assert type(twin) is cls and twin.get_params() == learner.get_params()
+        learn(twin, Zs[half:], ys[half:])
+        assert twin.classes_ == learner.classes_
+        np.testing.assert_array_equal(twin.predict_proba(Zt), learner.predict_proba(Zt))
+
+
 def check_predict_one(cls, settings) -> None:
     """(4b) predict_proba_one / predict_one answer for one sample as predict_proba / predict."""
     learner = fitted(cls, settings, STR_LABELS)
@@ -505,7 +525,8 @@ def check_metadata(cls, settings) -> None:
 CHECKS = [check_constructor, check_emerging_classes, check_probabilities,
           check_predict_is_argmax, check_predict_one, check_same_seed, check_memory_layout,
           check_state_round_trip,
-          check_save_load, check_memory_capacity, check_above_chance, check_bad_input,
+          check_save_load, check_copies, check_memory_capacity, check_above_chance,
+          check_bad_input,
           check_failure_rolls_back, check_nonfinite_step_rolls_back, check_metadata]
 
 

@@ -377,6 +377,12 @@ class Learner(AllOrNothing, Persistent):
         """An untrained learner with the same settings."""
         return type(self)(**self.get_params())
 
+    def __reduce__(self):
+        """Copies (``copy.deepcopy``, ``pickle``) go through ``state_dict``, as files do: the
+        copy learns exactly as the original from then on (a tensor viewing another, or a
+        library object such as a faiss index, would not survive a copy of the attributes)."""
+        return (_rebuilt, (type(self), self.get_params(), self.state_dict()))
+
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.get_params().items())
         return f"{type(self).__name__}({args})"
@@ -582,6 +588,13 @@ class Learner(AllOrNothing, Persistent):
 
     def _load_state(self, state: dict[str, Any]) -> None:
         raise NotImplementedError
+
+
+def _rebuilt(cls: type[Learner], params: dict[str, Any], state: dict[str, Any]) -> Learner:
+    """A learner of ``cls`` continued from ``state`` (``Learner.__reduce__``)."""
+    learner = cls(**params)
+    learner.load_state_dict(state, check=False)
+    return learner
 
 
 for _name in GUARDED:  # Learner's own or its parts' (state_dict, load_state_dict, memory_bytes)
