@@ -97,6 +97,10 @@ def serve(folder: str, method: str | None, overrides: dict[str, str], *,
         print(f"ciosl serve: {s['method']} on http://{host}:{addr[1]} (seen {s['seen']}, "
               f"{s['classes']} classes, {service.recovered} log records replayed in "
               f"{service.recovery_seconds:.2f} s); token: {where}", flush=True)
+        if host not in ("127.0.0.1", "::1", "localhost"):
+            print(f"ciosl serve: warning: --host {host} listens beyond this machine, over "
+                  "plain HTTP; the token guards every endpoint but /v1/health (put TLS in "
+                  "front of it)", file=sys.stderr, flush=True)
         # uvicorn stops gracefully on SIGINT / SIGTERM, then raises the signal again under the
         # handlers it found: these, so that the queued learns are applied and a snapshot taken
         previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGINT, signal.SIGTERM)}
