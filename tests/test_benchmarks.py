@@ -178,3 +178,30 @@ def test_digests_compares_two_runs(tmp_path):
     out = subprocess.run([sys.executable, str(BENCH / "digests.py"), "--compare", str(a), str(b)],
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 1 and f"{key}: differs from call 3" in out.stdout, out.stdout
+
+
+def test_serve_load_prints_rates_latencies_and_recovery(tmp_path):
+    lines = run("serve_load.py", "--methods", "ncm", "--dim", "8", "--classes", "3",
+                "--batch", "4", "--seconds", "0.5", "--recover-samples", "40", cache=tmp_path)
+    assert re.match(r"ncm +learn batch 4: served +\d+ samples/s, in process +\d+ -> ratio "
+                    r"[\d.]+ \| predict 8 rows: idle .* p99 ratio [\d.]+ \| fsync [\d.]+ ms",
+                    lines[0]), lines
+    found = re.match(r"ncm +recovery of (\d+) samples \((\d+) records, d=8\): replay [\d.]+ s",
+                     lines[1])
+    assert found and int(found[1]) >= 40 and int(found[2]) == int(found[1]) // 4, lines
+
+
+def test_faults_counts_injections_per_call(tmp_path):
+    lines = run("faults.py", "--methods", "ncm,finetune", "--points", "3", cache=tmp_path)
+    rows = {}
+    for line in lines[1:-1]:
+        m = re.fullmatch(r"(\w+) +(learn_one known|learn_one new|learn_many new|fit_base) +"
+                         r"(\d+) +(\d+) +(\d+) +(\d+)", line)
+        assert m, line
+        rows[m[1], m[2]] = [int(v) for v in m.groups()[2:]]
+    assert len(rows) == 8, lines
+    for (method, call), (ops, tried, changed, later) in rows.items():
+        assert tried <= min(ops, 3) and changed <= tried and later <= tried, (method, call)
+    # a new-class step keeps an undo record: a fault anywhere in it changes nothing
+    assert rows["finetune", "learn_one new"][1] == 3 and rows["finetune", "learn_one new"][2] == 0
+    assert re.fullmatch(r"total +\d+ +\d+ +\d+", lines[-1])
