@@ -314,6 +314,9 @@ def extract(
     _check(raw, extractor)
     how = how or execution(device, backend, threads, cache_dir)
     base, size = parse_extractor(extractor)
+    for src in (raw.train_x, raw.test_x):  # a source that can check its files: before any work
+        if hasattr(src, "verify"):
+            src.verify()
     used = "torch"
     if extractor == "none":
         train_z, test_z = np.asarray(raw.train_x), np.asarray(raw.test_x)
