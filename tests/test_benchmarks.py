@@ -178,3 +178,13 @@ def test_digests_compares_two_runs(tmp_path):
     out = subprocess.run([sys.executable, str(BENCH / "digests.py"), "--compare", str(a), str(b)],
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 1 and f"{key}: differs from call 3" in out.stdout, out.stdout
+
+
+def test_folder_extraction_compares_a_folder_with_memory(tmp_path):
+    lines = run("folder_extraction.py", "--images", "12", "--side", "40", "--size", "32",
+                "--reps", "1", "--threads", "1", cache=tmp_path)
+    rates = [line for line in lines if line.strip().endswith("images/s")]
+    assert [r.split()[0] for r in rates] == ["memory", "folder", "folder+verify"]
+    assert "feature difference: 0.00e+00" in lines[-3]  # the same features either way
+    last = re.fullmatch(r"folder/memory images/s ratio: ([0-9.]+)", lines[-1])
+    assert last and float(last.group(1)) > 0
