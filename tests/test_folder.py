@@ -301,3 +301,18 @@ def test_efficientnet_features_of_a_folder(tmp_path):
     np.testing.assert_allclose(fs.train_z, (raw - mean) / std, atol=1e-4)
 
 
+
+
+def test_run_streams_a_folder_in_the_instance_ordering(tmp_path, capsys):
+    root = tmp_path / "d"
+    for c in ("w", "x", "y", "z"):
+        for inst in ("i1", "i2"):
+            for f in range(6):
+                img(root / c / inst / f"f{f}.png", "L", size=(8, 8))
+    rc, err = cli(capsys, ["run", "--dataset", f"folder:{root}", "--ordering", "instance",
+                           "--method", "ncm", "--extractor", "pixels", "--runs", "1", "--quiet",
+                           "--no-offline", "--cache", str(tmp_path / "c"),
+                           "--out", str(tmp_path / "out")])
+    assert rc == 0, err
+    (result,) = (tmp_path / "out").rglob("*.json")
+    assert "folder" in result.name and "instance" in result.name
