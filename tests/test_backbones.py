@@ -227,6 +227,10 @@ def make_own_prep():
 
 def not_a_pair():
     return 3
+
+
+def no_size():
+    return Lite(), {"mean": [0.5] * 3}
 '''
 
 
@@ -255,7 +259,39 @@ def test_module_callable_equals_efficientnet_lite0(user_module, images, tmp_path
         f"module:{user_module}:make_perturbed").wid
 
 
-def test_module_callable_that_returns_the_wrong_thing(user_module, images, tmp_path, capsys):
+@pytest.mark.parametrize("callable_, fragment", [
+    ("not_a_pair", "must return (nn.Module, preprocessing), got int"),
+    ("no_size", "the preprocessing must be a callable or a dict with keys size"),
+    ("missing", "AttributeError"),
+])
+def test_module_callable_that_returns_the_wrong_thing(user_module, images, tmp_path, capsys,
+                                                      callable_, fragment):
     rc, err = cli(capsys, ["features", "--dataset", images, "--cache", str(tmp_path / "c"),
-                           "--extractor", f"module:{user_module}:not_a_pair"])
-    assert "must return (nn.Module, preprocessing)" in one_line_error(rc, err)
+                           "--extractor", f"module:{user_module}:{callable_}"])
+    assert fragment in one_line_error(rc, err)
+
+
+@pytest.mark.parametrize("kind, sidecar, fragment", [
+    ("not json", "{oops", "m.onnx.json: not a JSON file"),
+    ("other key", '{"scale": 255}', "m.onnx.json: expected an object with keys mean, std, layer"),
+    ("short mean", '{"mean": [0.5, 0.5]}', "m.onnx.json: mean must be 3 numbers"),
+    ("no such layer", '{"layer": "nope"}', "--layer 'nope': no such tensor"),
+])
+def test_bad_sidecar_is_one_line_naming_it(tmp_path, capsys, images, lite_onnx, kind, sidecar,
+                                           fragment):
+    model = tmp_path / "m.onnx"
+    model.write_bytes(lite_onnx.read_bytes())
+    Path(f"{model}.json").write_text(sidecar)
+    rc, err = cli(capsys, ["features", "--dataset", images, "--cache", str(tmp_path / "c"),
+                           "--extractor", f"onnx:{model}"])
+    assert fragment in one_line_error(rc, err), kind
+
+
+def test_sidecar_layer_picks_the_tensor(tmp_path, lite_onnx):
+    model = tmp_path / "m.onnx"
+    model.write_bytes(lite_onnx.read_bytes())
+    Path(f"{model}.json").write_text('{"layer": "out"}')
+    bb = bbs.resolve(f"onnx:{model}")
+    assert bb.tensor == "out" and "m.onnx.json's layer" in bb.why
+    assert bbs.resolve(f"onnx:{model}", bbs.Options(layer=bbs.resolve(
+        f"onnx:{lite_onnx}").tensor)).why == "--layer"  # the flag wins over the sidecar
