@@ -295,3 +295,34 @@ def test_sidecar_layer_picks_the_tensor(tmp_path, lite_onnx):
     assert bb.tensor == "out" and "m.onnx.json's layer" in bb.why
     assert bbs.resolve(f"onnx:{model}", bbs.Options(layer=bbs.resolve(
         f"onnx:{lite_onnx}").tensor)).why == "--layer"  # the flag wins over the sidecar
+
+
+@pytest.mark.parametrize("extra, fragment", [
+    (["--layer", "nope"], "--layer 'nope': no such tensor"),
+    (["--std", "-1"], "--std '-1': a std must be > 0"),
+])
+def test_run_refuses_a_bad_onnx_extractor_before_any_work(tmp_path, capsys, images, lite_onnx,
+                                                          extra, fragment):
+    rc, err = cli(capsys, ["run", "--dataset", images, "--method", "ncm", "--extractor",
+                           f"onnx:{lite_onnx}", *extra, "--cache", str(tmp_path / "c"),
+                           "--out", str(tmp_path / "o")])
+    assert fragment in one_line_error(rc, err)
+    assert not (tmp_path / "c").exists()
+
+
+def test_run_refuses_a_malformed_module_extractor(tmp_path, capsys, images):
+    rc, err = cli(capsys, ["run", "--dataset", images, "--method", "ncm", "--extractor",
+                           "module:nocolon", "--out", str(tmp_path / "o")])
+    assert "expected module:package.module:callable" in one_line_error(rc, err)
+
+
+def test_run_streams_onnx_features(tmp_path, capsys, images, lite_onnx):
+    rc, err = cli(capsys, ["run", "--dataset", images, "--method", "ncm", "--extractor",
+                           f"onnx:{lite_onnx}", "--layer", "out", "--runs", "1", "--quiet",
+                           "--ordering", "iid",
+                           "--no-offline", "--cache", str(tmp_path / "c"),
+                           "--out", str(tmp_path / "o")])
+    assert rc == 0, err
+    assert "features = tensor 'out' (--layer)" in err.replace("\n", " ")
+    (result,) = (tmp_path / "o").rglob("*.json")
+    assert "onnx" in result.name

@@ -343,14 +343,19 @@ class _Pooled(nn.Module):
     embed = forward
 
 
+def check_module_name(name: str) -> tuple[str, str]:
+    """``module:package.module:callable`` -> (module, callable), else a one-line error."""
+    mod_name, _, attr = name[len(MODULE_PREFIX):].partition(":")
+    if not mod_name or not attr:
+        raise ValueError(f"extractor {echo(name)}: expected module:package.module:callable")
+    return mod_name, attr
+
+
 def load_module(name: str) -> Backbone:
     """Resolve ``module:package.module:callable`` (module docstring); one-line errors."""
     import importlib
 
-    target = name[len(MODULE_PREFIX):]
-    mod_name, _, attr = target.partition(":")
-    if not mod_name or not attr:
-        raise ValueError(f"extractor {echo(name)}: expected module:package.module:callable")
+    mod_name, attr = check_module_name(name)
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:

@@ -196,13 +196,19 @@ def validate(exp: ExperimentSpec) -> tuple[DatasetSpec, type[Learner], dict[str,
             f"dataset {echo(exp.dataset)} does not support the {exp.ordering!r} ordering; valid "
             f"choices: {', '.join(spec.orderings)}"
         )
-    if exp.extractor is not None:
+    from ciosl.data import backbones
+
+    if exp.extractor is not None and not backbones.is_user_backbone(exp.extractor):
         parse_extractor(exp.extractor)
     resolve_device(exp.device)  # an unknown or absent device is named before any work
     from ciosl.data.features import execution
 
     execution(exp.device, exp.backend, exp.extract_threads)  # --backend, --threads likewise
-    extract_options(exp)
+    options = extract_options(exp)
+    if exp.extractor is not None and exp.extractor.startswith(backbones.ONNX_PREFIX):
+        backbones.resolve(exp.extractor, options)  # the file, its input, --layer: up front
+    elif exp.extractor is not None and exp.extractor.startswith(backbones.MODULE_PREFIX):
+        backbones.check_module_name(exp.extractor)
     if exp.weights is not None:
         from ciosl.data.mobilenet import MAX_WEIGHTS_BYTES
         check_regular(Path(exp.weights).expanduser(), "--weights", limit=MAX_WEIGHTS_BYTES)
