@@ -279,6 +279,25 @@ def test_reads_ahead_a_bounded_number_of_batches(tmp_path, monkeypatch):
     assert sorted(decoded) == sorted(str(p) for p in paths)  # each file decoded once
 
 
+def test_concurrent_readers_decode_each_file_once_per_pass(tmp_path, monkeypatch):
+    paths = [img(tmp_path / f"{i}.png") for i in range(30)]
+    decoded = []
+    real = fo.decode
+    monkeypatch.setattr(fo, "decode", lambda p: decoded.append(p) or real(p))
+    src = fo.FolderImages(paths)
+    # the order in which the workers of an extraction may ask: neighbours swapped
+    for start in (3, 0, 9, 6, 12, 18, 15, 21, 27, 24):
+        batch = src.get_batch(np.arange(start, min(30, start + 3)))
+        np.testing.assert_array_equal(batch[0], real(paths[start]))
+    for f in list(src._ahead.values()):
+        f.result()
+    assert sorted(decoded) == sorted(str(p) for p in paths)  # none twice
+    src.get_batch(np.arange(0, 3))  # a second pass reads them again
+    for f in list(src._ahead.values()):
+        f.result()
+    assert len(decoded) == 30 + 3 + 3 * fo.READ_AHEAD
+
+
 def test_images_of_different_sizes_come_as_a_list(tmp_path):
     a, b = img(tmp_path / "a.png", size=(4, 4)), img(tmp_path / "b.png", size=(5, 3))
     out = fo.FolderImages([a, b]).get_batch([1, 0])

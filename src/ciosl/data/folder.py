@@ -329,6 +329,7 @@ class FolderImages:
     def __init__(self, paths: Sequence[Path | str]):
         self.paths = [str(p) for p in paths]
         self._ahead: dict[tuple[int, int], Future] = {}
+        self._issued: set[int] = set()  # span starts submitted in this pass
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -347,19 +348,30 @@ class FolderImages:
         return pool().submit(lambda: [decode(p) for p in self.paths[start:stop]])
 
     def _decoded(self, start: int, stop: int) -> list[np.ndarray]:
+        """The images of [start, stop), and the next ``READ_AHEAD`` spans of the same width
+        submitted. Each span is decoded once per pass, also when several readers (the
+        extraction's workers) ask for neighbouring spans out of order; a span asked for again
+        starts a new pass."""
         with self._lock:
             fut = self._ahead.pop((start, stop), None)
             if fut is None:
+                if start in self._issued:  # read before: a new pass over the images
+                    for f in self._ahead.values():
+                        f.cancel()
+                    self._ahead.clear()
+                    self._issued.clear()
                 fut = self._submit(start, stop)
+            self._issued.add(start)
             n, step = len(self.paths), stop - start
             for k in range(1, READ_AHEAD + 1):  # the next spans of the same width
                 s = start + k * step
                 if s >= n:
                     break
-                span = (s, min(n, s + step))
-                if span not in self._ahead:
-                    self._ahead[span] = self._submit(*span)
-            for span in [sp for sp in self._ahead if sp[0] < start]:  # a reader that jumped
+                if s not in self._issued:
+                    self._issued.add(s)
+                    self._ahead[(s, min(n, s + step))] = self._submit(s, min(n, s + step))
+            behind = start - 2 * READ_AHEAD * step  # spans a reader skipped: dropped
+            for span in [sp for sp in self._ahead if sp[0] < behind]:
                 self._ahead.pop(span).cancel()
         return fut.result()
 
