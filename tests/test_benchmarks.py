@@ -205,3 +205,13 @@ def test_faults_counts_injections_per_call(tmp_path):
     # a new-class step keeps an undo record: a fault anywhere in it changes nothing
     assert rows["finetune", "learn_one new"][1] == 3 and rows["finetune", "learn_one new"][2] == 0
     assert re.fullmatch(r"total +\d+ +\d+ +\d+", lines[-1])
+
+
+def test_folder_extraction_compares_a_folder_with_memory(tmp_path):
+    lines = run("folder_extraction.py", "--images", "12", "--side", "40", "--size", "32",
+                "--reps", "1", "--threads", "1", cache=tmp_path)
+    rates = [line for line in lines if line.strip().endswith("images/s")]
+    assert [r.split()[0] for r in rates] == ["memory", "folder", "folder+verify"]
+    assert "feature difference: 0.00e+00" in lines[-3]  # the same features either way
+    last = re.fullmatch(r"folder/memory images/s ratio: ([0-9.]+)", lines[-1])
+    assert last and float(last.group(1)) > 0

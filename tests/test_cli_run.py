@@ -442,3 +442,28 @@ def test_cli_refuses_bad_requests_before_running(args, needles, tmp_path, capsys
     for needle in needles:
         assert needle in err
     assert not (tmp_path / "out").exists()  # nothing written
+
+
+# ---------------------------------------------------------------------------- extraction flags
+
+
+@pytest.mark.parametrize("flag, value, fragment", [
+    ("--backend", "bogus", "--backend 'bogus': expected one of auto, onnxruntime, torch"),
+    ("--device", "tpu", "--device 'tpu': expected one of auto, cpu, cuda"),
+    ("--mean", "0.5", "--mean, --std and --layer apply to an onnx:PATH extractor"),
+])
+def test_extraction_flags_refused_in_one_line(flag, value, fragment, tmp_path, capsys):
+    assert fragment in one_line_error(*cli(capsys, run_args(tmp_path, flag, value)))
+    assert not (tmp_path / "cache").exists()  # before any work
+
+
+def test_device_backend_threads_reach_the_extraction(tmp_path, capsys, monkeypatch):
+    from ciosl.data import features
+
+    seen, real = [], features.get_features
+    monkeypatch.setattr(features, "get_features",
+                        lambda *a, **k: seen.append(k) or real(*a, **k))
+    rc, err = cli(capsys, run_args(tmp_path, "--device", "cpu", "--backend", "torch",
+                                   "--threads", "2"))
+    assert rc == 0, err
+    assert [(k["device"], k["backend"], k["threads"]) for k in seen] == [("cpu", "torch", 2)]

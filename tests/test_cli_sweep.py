@@ -213,3 +213,31 @@ def test_a_missing_weights_file_of_a_grid_is_blamed_on_its_key(tmp_path):
                     f'extractor = "efficientnet_lite0"\nweights = "{tmp_path}/none.pth"\n')
     with pytest.raises(GridError, match=r"w\.toml: weights: "):
         load_grid(path)
+
+
+# ---------------------------------------------------------------------------- extraction flags
+
+
+def test_device_backend_threads_reach_every_cell(tmp_path, capsys, monkeypatch):
+    from ciosl.evaluation import sweep
+
+    grids = []
+    monkeypatch.setattr(sweep, "run_sweep", lambda grid, **k: grids.append(grid) or 1 / 0)
+    path = grid_file(tmp_path, 'methods = ["ncm", "slda"]\nruns = 1')
+    cli(capsys, ["sweep", path, "--device", "cpu", "--backend", "torch", "--threads", "3"])
+    (grid,) = grids
+    assert {(e.device, e.backend, e.extract_threads) for e in map(grid.experiment, grid.cells)
+            } == {("cpu", "torch", 3)}
+    plain = load_grid(path)
+    assert plain.experiment(plain.cells[0]).backend is None  # $CIOSL_BACKEND, else auto
+
+
+@pytest.mark.parametrize("flag, value, fragment", [
+    ("--backend", "bogus", "--backend 'bogus': expected one of"),
+    ("--device", "tpu", "--device 'tpu': expected one of"),
+    ("--threads", "0", "--threads 0: expected an integer >= 1"),
+])
+def test_sweep_extraction_flags_refused_in_one_line(flag, value, fragment, tmp_path, capsys):
+    path = grid_file(tmp_path, 'methods = ["ncm"]\nruns = 1')
+    line = one_line_error(*cli(capsys, ["sweep", path, "--dry-run", flag, value]))
+    assert fragment in line

@@ -262,6 +262,10 @@ def test_cli_lists_datasets_and_methods(capsys):
     for name in ("digits", "fashion-mnist", "cifar10", "imagenet100", "icubworld1",
                  "digits-video"):
         assert name in text
+    flat = text.replace("\n", " ")
+    for user in ("folder:DIR", "features:PATH", "onnx:PATH[@S]", "module:package.module:callable",
+                 "docs/datasets.md"):
+        assert user in flat, user
     assert main(["methods"]) == 0
     text = capsys.readouterr().out
     assert "slda" in text and "shrinkage" in text and "ciosl" in text

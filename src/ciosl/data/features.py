@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from rich.console import Console
 from rich.progress import Progress
 
-from ciosl.data import efficientnet, runtime
+from ciosl.data import backbones, efficientnet, runtime
 from ciosl.data.mobilenet import load_mobilenet_v2, weights_id
 from ciosl.data.types import FeatureSet, ImageSource, RawDataset
 from ciosl.errors import writing
@@ -217,6 +217,40 @@ def execution(device: str | None = None, backend: str | None = None,
                      fallback=runtime.backend_choice(backend)[0] == "auto")
 
 
+def _user_execution(bb: backbones.Backbone, how: Execution) -> Execution:
+    """An onnx: model always runs under ONNX Runtime, a module: one under torch."""
+    backend = "onnxruntime" if bb.name.startswith(backbones.ONNX_PREFIX) else "torch"
+    return Execution(how.device, backend, how.threads, how.cache_dir, fallback=False)
+
+
+def _user_backbone(sources: dict[str, ImageSource], bb: backbones.Backbone, progress: bool,
+                   how: Execution) -> tuple[dict[str, np.ndarray], str]:
+    """Features of a user's backbone (``ciosl.data.backbones``): an onnx: model under ONNX
+    Runtime (N single-threaded workers on the CPU, as ``runtime.ort_runner``; one on its CUDA
+    provider), a module: one under torch, as efficientnet_lite0."""
+    how = _user_execution(bb, how)
+    if bb.module is None:
+        if not runtime.onnxruntime_available():
+            raise ValueError(f"extractor {bb.name}: needs onnxruntime (pip install onnx "
+                             "onnxruntime)")
+        workers = runtime.resolve_threads(how.threads, "onnxruntime")
+        session, on_gpu = backbones.onnx_session(bb, how.device, 1)
+        runner = runtime.Runner(backbones.onnx_call(bb, session), bb.batch or
+                                backbones.ONNX_BATCH, 1 if on_gpu else workers, "onnxruntime",
+                                "cuda" if on_gpu else "cpu")
+
+        def prepare(b):
+            return backbones.normalized_input(b, bb.size, bb.mean, bb.std)
+        return _embed_all(bb.label, runner, prepare, sources, progress), "onnxruntime"
+
+    def prepare_module(b):
+        if bb.prepare_fn is not None:
+            return bb.prepare_fn(b)
+        return backbones.normalized_input(b, bb.size, bb.mean, bb.std, how.device)
+    return _run(bb.label, bb.module, "module", lambda: bb.wid, 0, prepare_module, sources,
+                EFFICIENTNET_BATCH, progress, how)
+
+
 def _run(label, model, network, wid, size, prepare, sources, batch_size, progress,
          how: Execution) -> tuple[dict[str, np.ndarray], str]:
     """Features of every split on ``how``'s path; returns them and the backend that made them
@@ -306,16 +340,30 @@ def extract(
     threads: int | None = None,
     cache_dir: str | Path | None = None,
     how: Execution | None = None,
+    options: backbones.Options | None = None,
+    backbone: backbones.Backbone | None = None,
 ) -> FeatureSet:
     """Run ``extractor`` over both splits of ``raw`` (no cache). ``key`` is ``cache_key(...)``
     of the path that made the features. ``device`` / ``backend`` / ``threads``: see
     ``ciosl.data.runtime`` (``how``: already resolved); ``batch_size``: the torch path's
-    MobileNetV2 batch; ``cache_dir``: the cache root, where the ONNX export is kept."""
+    MobileNetV2 batch; ``cache_dir``: the cache root, where the ONNX export is kept;
+    ``options`` / ``backbone``: a user's backbone's flags, or the backbone already resolved
+    (``ciosl.data.backbones``)."""
     _check(raw, extractor)
     how = how or execution(device, backend, threads, cache_dir)
-    base, size = parse_extractor(extractor)
+    user = backbones.is_user_backbone(extractor)
+    if user and backbone is None:
+        backbone = backbones.resolve(extractor, options)
+    base, size = (extractor, None) if user else parse_extractor(extractor)
+    for src in (raw.train_x, raw.test_x):  # a source that can check its files: before any work
+        if hasattr(src, "verify"):
+            src.verify()
     used = "torch"
-    if extractor == "none":
+    if user:
+        z, used = _user_backbone({"train": raw.train_x, "test": raw.test_x}, backbone,
+                                 progress, how)
+        train_z, test_z = standardize(z["train"], z["test"])
+    elif extractor == "none":
         train_z, test_z = np.asarray(raw.train_x), np.asarray(raw.test_x)
     elif extractor == "pixels":
         train_z, test_z = _pixels(raw.train_x), _pixels(raw.test_x)  # (n, d), (m, d)
@@ -342,21 +390,24 @@ def extract(
         test_z=np.ascontiguousarray(test_z, dtype=np.float32),  # (m, d)
         test_y=ints(raw.test_y),  # (m,)
         class_names=tuple(raw.class_names),
-        key=cache_key(raw, extractor, weights, backend=used, device=how.device),
+        key=cache_key(raw, extractor, weights, backend=used, device=how.device,
+                      backbone=backbone),
         train_instance=ints(raw.train_instance),
         train_frame=ints(raw.train_frame),
     )
 
 
 def _check(raw: RawDataset, extractor: str) -> None:
-    parse_extractor(extractor)
+    if not backbones.is_user_backbone(extractor):
+        parse_extractor(extractor)
     for split, y in (("training", raw.train_y), ("test", raw.test_y)):
         if len(y) == 0:
             where = raw.meta.get("path") if isinstance(raw.meta, dict) else None
             raise ValueError(f"Dataset {raw.name!r}{f' ({where})' if where else ''} has no "
                              f"{split} samples: its {split} split is empty")
     if (raw.kind == "features") != (extractor == "none"):
-        fix = "use extractor 'none'" if raw.kind == "features" else f"valid choices: {', '.join(EXTRACTORS)}"
+        fix = ("use extractor 'none'" if raw.kind == "features" else
+               f"valid choices: {', '.join(EXTRACTORS)}, onnx:PATH, module:package.module:callable")
         raise ValueError(f"Dataset {raw.name!r} holds {raw.kind}; {fix}.")
 
 
@@ -364,10 +415,18 @@ def _check(raw: RawDataset, extractor: str) -> None:
 
 
 def cache_key(raw: RawDataset, extractor: str, weights: str | Path | None = None, *,
-              backend: str = "torch", device: str = "cpu") -> str:
+              backend: str = "torch", device: str = "cpu",
+              backbone: backbones.Backbone | None = None) -> str:
     """``<dataset>-<extractor>-<hash>``; the hash covers fingerprint, extractor, weights, format,
     and for the networks the path that ran them when its features differ from the reference
-    (torch on the CPU): ``runtime.backend_fields``."""
+    (torch on the CPU): ``runtime.backend_fields``. A user's backbone (``backbone``, resolved):
+    its own fields (``Backbone.key_fields``: the model's hash, input, normalisation, tensor)."""
+    if backbone is not None:
+        fields = {"format": FORMAT_VERSION, "dataset": raw.name, "fingerprint": raw.fingerprint,
+                  **backbone.key_fields(), "runner": backend, "device": device}
+        digest = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
+        kind = "onnx" if extractor.startswith(backbones.ONNX_PREFIX) else "module"
+        return f"{re.sub(r'[^A-Za-z0-9_.]+', '_', raw.name)}-{kind}-{digest}"
     base, size = parse_extractor(extractor)
     wid = {"mobilenet_v2": lambda: weights_id(weights),
            "efficientnet_lite0": lambda: efficientnet.weights_id(weights)}.get(base, lambda: "none")()
@@ -453,6 +512,7 @@ def get_features(
     device: str | None = None,
     backend: str | None = None,
     threads: int | None = None,
+    options: backbones.Options | None = None,
 ) -> FeatureSet:
     """Features of ``dataset`` (a name or a loaded RawDataset), from the cache or extracted.
 
@@ -462,7 +522,8 @@ def get_features(
     ``require_cache`` (default: ``rebuild``, i.e. ``ciosl features --rebuild``, whose whole
     point is the entry): then the ``OSError`` naming the entry is raised.
     ``device`` / ``backend`` / ``threads``: where the network runs (``ciosl.data.runtime``); the
-    cache entry is the one of that path.
+    cache entry is the one of that path. ``options``: ``--mean`` / ``--std`` / ``--layer`` of an
+    ``onnx:`` extractor (``ciosl.data.backbones``); the tensor it takes is printed (``progress``).
     """
     if isinstance(dataset, str):
         from ciosl.data.datasets import get_spec, load_dataset
@@ -477,7 +538,13 @@ def get_features(
         return extract(raw, extractor)
     folder = Path(cache_dir or default_cache_dir())
     how = execution(device, backend, threads, folder.parent)
-    key = cache_key(raw, extractor, weights, backend=how.backend, device=how.device)
+    bb = None
+    if backbones.is_user_backbone(extractor):
+        bb = backbones.resolve(extractor, options)
+        how = _user_execution(bb, how)
+        if progress:
+            Console(stderr=True).print(bb.describe(), highlight=False, soft_wrap=True)
+    key = cache_key(raw, extractor, weights, backend=how.backend, device=how.device, backbone=bb)
     path = folder / f"{key}.npz"
     if path.exists() and not rebuild:
         try:
@@ -489,7 +556,7 @@ def get_features(
                 type(e).__name__,
                 e,
             )
-    fs = extract(raw, extractor, weights=weights, progress=progress, how=how)
+    fs = extract(raw, extractor, weights=weights, progress=progress, how=how, backbone=bb)
     path = folder / f"{fs.key}.npz"  # the torch fallback's own entry when ONNX Runtime failed
     try:
         save_features(fs, path)

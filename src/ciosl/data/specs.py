@@ -1,6 +1,6 @@
 """The dataset registry: each dataset's protocol (``DATASETS``, DESIGN.md's table), where data
 live (``data_root()``) and ``get_spec(name)``, which also accepts ``features:PATH`` for a user's
-.npz of precomputed features."""
+.npz of precomputed features and ``folder:DIR`` for a user's image folder (``data.folder``)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import stat
 from pathlib import Path
 
 from ciosl.data.archive import check_zip
+from ciosl.data.folder import FOLDER_PREFIX, check_folder, layout
 from ciosl.data.types import DatasetSpec
 from ciosl.errors import echo
 from ciosl.fileio import kind_of
@@ -128,7 +129,17 @@ def get_spec(name: str) -> DatasetSpec:
                          _ALL if temporal else _IID, "none", 50, 128,
                          "a .npz with train_z, train_y, test_z, test_y",
                          base_epochs=50, base_batch_size=128)
+    if name.startswith(FOLDER_PREFIX):
+        path = Path(name[len(FOLDER_PREFIX):]).expanduser()
+        check_folder(name, path)
+        split, temporal = layout(path)
+        return DatasetSpec(name, f"images in {path} ({'train/ and test/' if split else 'split'}"
+                           f"{', instance folders' if temporal else ''})", 0.10, 2, 1000,
+                           _ALL if temporal else _IID, "efficientnet_lite0", 50, 128,
+                           "a folder DIR/{train,test}/<class>/[<instance>/]<images> or "
+                           "DIR/<class>/[<instance>/]<images> (docs/datasets.md)",
+                           base_epochs=50, base_batch_size=128)
     if name not in DATASETS:
         raise ValueError(f"unknown dataset {echo(name)}; valid choices: "
-                         f"{', '.join(DATASETS)}, {FEATURES_PREFIX}PATH")
+                         f"{', '.join(DATASETS)}, {FEATURES_PREFIX}PATH, {FOLDER_PREFIX}DIR")
     return DATASETS[name]

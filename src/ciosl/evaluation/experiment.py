@@ -89,6 +89,7 @@ from ciosl.evaluation.validation import (  # noqa: F401
     check_range,
     check_seeds,
     choose_seeds,
+    extract_options,
     max_threads,
     parse_assignments,
     regime_of,
@@ -113,7 +114,8 @@ def load_features(exp: ExperimentSpec, spec: DatasetSpec) -> FeatureSet:
 
     cache = Path(exp.cache_dir) / "features" if exp.cache_dir else None
     fs = get_features(exp.dataset, exp.extractor, weights=exp.weights, cache_dir=cache,
-                      root=exp.data_root, device=exp.device)
+                      root=exp.data_root, device=exp.device, backend=exp.backend,
+                      threads=exp.extract_threads, options=extract_options(exp))
     if exp.limit_per_class is not None:
         fs = subset_train(fs, limit_per_class(fs.train_y, exp.limit_per_class,
                                               instances=fs.train_instance, frames=fs.train_frame))

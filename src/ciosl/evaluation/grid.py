@@ -141,6 +141,9 @@ class Grid:
     regime_options: dict[str, int] = field(default_factory=dict)  # batch_size, epochs
     description: str = ""
     omega_events: str = "after_base"  # see metrics.omega_all
+    device: str | None = None  # ciosl sweep --device / --backend / --threads (extraction;
+    backend: str | None = None  # the device also trains the offline reference)
+    threads: int | None = None
 
     def experiment(self, cell: Cell) -> ExperimentSpec:
         """The ``ExperimentSpec`` of ``cell`` (no output folder: the sweep writes the files)."""
@@ -152,7 +155,8 @@ class Grid:
             seeds=list(self.seeds), extractor=self.extractor, weights=self.weights,
             settings=dict(cell.settings), limit_per_class=self.limit_per_class,
             offline_epochs=self.offline_epochs, cache_dir=self.cache, data_root=self.data,
-            omega_events=self.omega_events, **extra)
+            omega_events=self.omega_events, device=self.device, backend=self.backend,
+            extract_threads=self.threads, **extra)
 
 
 def spec_fields() -> set[str]:
@@ -160,10 +164,14 @@ def spec_fields() -> set[str]:
 
 
 def load_grid(path: str | Path, *, out: str | Path | None = None,
-              seeds: list[int] | None = None, omega_events: str | None = None) -> Grid:
+              seeds: list[int] | None = None, omega_events: str | None = None,
+              device: str | None = None, backend: str | None = None,
+              threads: int | None = None) -> Grid:
     """Read, expand and validate a grid file; ``out`` overrides the grid's output folder,
     ``seeds`` its runs (``ciosl sweep --runs 3``: the first seeds of a 10-run grid, whose run
-    files a later full sweep reuses) and ``omega_events`` its Omega_all definition."""
+    files a later full sweep reuses) and ``omega_events`` its Omega_all definition;
+    ``device`` / ``backend`` / ``threads``: where its features are extracted (``ciosl
+    features``' flags; None: $CIOSL_DEVICE / $CIOSL_BACKEND, else auto)."""
     path = Path(path)
     try:
         text = read_text(path, "grid", MAX_TEXT_BYTES)
@@ -193,6 +201,10 @@ def load_grid(path: str | Path, *, out: str | Path | None = None,
         grid.seeds = list(seeds)
     if omega_events is not None:
         grid.omega_events = check_omega_events(omega_events)
+    from ciosl.data.features import execution
+
+    execution(device, backend, threads)  # --device, --backend, --threads: one line each
+    grid.device, grid.backend, grid.threads = device, backend, threads
     return grid
 
 

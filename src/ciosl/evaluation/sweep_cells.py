@@ -63,7 +63,7 @@ def _fingerprint(obj: Any) -> str:
 
 def _features_id(exp: ExperimentSpec) -> tuple:
     return (exp.dataset, exp.extractor, exp.weights, str(exp.cache_dir), str(exp.data_root),
-            exp.limit_per_class)
+            exp.limit_per_class, exp.device, exp.backend)
 
 
 def _regime_fields(exp: ExperimentSpec) -> dict[str, Any]:

@@ -49,6 +49,12 @@ class ExperimentSpec:
     device: str | None = None  # auto | cpu | cuda (None: $CIOSL_DEVICE, else auto): extraction
     # and the offline reference (ciosl.data.runtime.resolve_device)
     max_events: int | None = None  # at most this many testing events, evenly spaced (None: all)
+    backend: str | None = None  # extraction on the CPU: auto | onnxruntime | torch (None:
+    # $CIOSL_BACKEND, else auto; ciosl.data.runtime.resolve_backend)
+    extract_threads: int | None = None  # extraction's CPU threads (None: the backend's default)
+    mean: str | None = None  # --mean / --std / --layer of an onnx: extractor ("r,g,b")
+    std: str | None = None
+    layer: str | None = None
     offline_reference: bool = True  # False: no offline reference, hence no Omega_all
 
 
@@ -116,8 +122,17 @@ def choose_seeds(runs: int | None, seeds: Sequence[int] | None,
     return None if default is None else list(range(default))
 
 
-def set_threads(threads: int) -> None:
-    """``--threads``: torch's intra-op threads (1 to ``max_threads()``)."""
+def extract_options(exp: ExperimentSpec):
+    """``--mean`` / ``--std`` / ``--layer`` as ``backbones.Options`` (None when none given);
+    refused with a built-in extractor."""
+    from ciosl.data.backbones import options_from_flags
+
+    return options_from_flags(exp.extractor, exp.mean, exp.std, exp.layer)
+
+
+def set_threads(threads: int | None) -> None:
+    """``--threads``: torch's intra-op threads (1 to ``max_threads()``; None: 1)."""
+    threads = 1 if threads is None else threads
     check_range(threads, "--threads", 1, max_threads(),
                 " (4 per CPU here, at most 1024)")
     import torch
@@ -181,9 +196,19 @@ def validate(exp: ExperimentSpec) -> tuple[DatasetSpec, type[Learner], dict[str,
             f"dataset {echo(exp.dataset)} does not support the {exp.ordering!r} ordering; valid "
             f"choices: {', '.join(spec.orderings)}"
         )
-    if exp.extractor is not None:
+    from ciosl.data import backbones
+
+    if exp.extractor is not None and not backbones.is_user_backbone(exp.extractor):
         parse_extractor(exp.extractor)
     resolve_device(exp.device)  # an unknown or absent device is named before any work
+    from ciosl.data.features import execution
+
+    execution(exp.device, exp.backend, exp.extract_threads)  # --backend, --threads likewise
+    options = extract_options(exp)
+    if exp.extractor is not None and exp.extractor.startswith(backbones.ONNX_PREFIX):
+        backbones.resolve(exp.extractor, options)  # the file, its input, --layer: up front
+    elif exp.extractor is not None and exp.extractor.startswith(backbones.MODULE_PREFIX):
+        backbones.check_module_name(exp.extractor)
     if exp.weights is not None:
         from ciosl.data.mobilenet import MAX_WEIGHTS_BYTES
         check_regular(Path(exp.weights).expanduser(), "--weights", limit=MAX_WEIGHTS_BYTES)

@@ -166,8 +166,14 @@ def print_datasets(rows) -> None:
                   "and of the offline reference learner")
     console.print("extractors: pixels and efficientnet_lite0 (ImageNet weights installed with "
                   "ciosl) work offline; mobilenet_v2, the paper's, needs its ImageNet weights "
-                  "(downloaded by torch.hub, or --weights FILE); --extractor picks one",
-                  highlight=False)
+                  "(downloaded by torch.hub, or --weights FILE); your own backbone: "
+                  "onnx:PATH\\[@S] (any ONNX image model, its pre-logit features; --mean, --std, "
+                  "--layer) or module:package.module:callable (a torch module and its "
+                  "preprocessing); --extractor picks one", highlight=False)
+    console.print("your own data: folder:DIR (DIR/{train,test}/<class>/[<instance>/]<images>, "
+                  "or DIR/<class>/... split per class; PNG, JPEG, WebP) or features:PATH (an "
+                  ".npz of train_z, train_y, test_z, test_y); formats and rules: "
+                  "docs/datasets.md", highlight=False)
     for spec, present, where in rows:
         text = f"found in {where}" if present else spec.how_to_get
         console.print(f"[bold]{spec.name}[/]: {text}", highlight=False)
