@@ -219,8 +219,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--token-file", default=None, help="file holding the bearer token "
                        "(default: $CIOSL_TOKEN, else DIR/token, made at random with mode 0600)")
     serve.add_argument("--extractor", default=None, help="accept images (base64 PNG, JPEG, "
-                       "WebP) through this frozen extractor: efficientnet_lite0[@S] or "
-                       "mobilenet_v2 (default: features only)")
+                       "WebP) through this frozen extractor: efficientnet_lite0[@S], "
+                       "mobilenet_v2, onnx:PATH[@S] or module:package.module:callable "
+                       "(default: features only)")
     serve.add_argument("--snapshot-every", type=int, default=100_000, metavar="N",
                        help="snapshot after N samples learned (0: not by count)")
     serve.add_argument("--snapshot-seconds", type=float, default=300.0, metavar="T",

@@ -280,3 +280,20 @@ def test_the_readmes_serve_example_runs(tmp_path):
     with Server(tmp_path, "--method", "ncm") as s:
         classes, labels = scope["serve_demo"](s.url, s.token)
     assert classes == ["espresso-cup", "saucer"] and list(labels) == ["espresso-cup"]
+
+
+def test_images_through_a_users_module_backbone(tmp_path):
+    (tmp_path / "mybackbone.py").write_text(
+        "import torch\n"
+        "def make():\n"
+        "    torch.manual_seed(0)\n"
+        "    net = torch.nn.Sequential(torch.nn.Conv2d(3, 5, 3), torch.nn.ReLU())\n"
+        "    return net, {'size': 16}\n")
+    rng = np.random.default_rng(1)
+    env = {"PYTHONPATH": f"{tmp_path}:{__import__('os').environ.get('PYTHONPATH', '')}"}
+    with Server(tmp_path / "srv", "--method", "ncm", "--extractor", "module:mybackbone:make",
+                env=env) as s, s.http() as h:
+        imgs = [_png(rng, 24) for _ in range(4)]
+        r = h.post("/v1/learn", json={"images": imgs, "y": [0, 1, 0, 1]})
+        assert r.status_code == 200, r.text
+        assert h.get("/v1/health").json()["dim"] == 5  # the module's channels, pooled

@@ -21,6 +21,20 @@ class Embedder:
         from ciosl.data.features import efficientnet_input, parse_extractor, preprocess
         from ciosl.data.mobilenet import load_mobilenet_v2
 
+        from ciosl.data import backbones
+
+        self.call = None
+        if backbones.is_user_backbone(extractor):  # onnx:PATH[@S] or module:pkg.mod:callable
+            bb = backbones.resolve(extractor)
+            if bb.module is None:
+                session, _ = backbones.onnx_session(bb, "cpu", 1)
+                self.call = backbones.onnx_call(bb, session)
+            else:
+                self.call = lambda x: bb.module.embed(x).numpy()
+            self.prepare = bb.prepare_fn or (
+                lambda imgs: backbones.normalized_input(imgs, bb.size, bb.mean, bb.std))
+            self.name = extractor
+            return
         base, size = parse_extractor(extractor)
         if base == "efficientnet_lite0":
             self.model = efficientnet.load_efficientnet_lite0(weights)
@@ -29,8 +43,8 @@ class Embedder:
             self.model = load_mobilenet_v2(weights, progress=False)
             self.prepare = preprocess
         else:
-            raise ValueError(f"--extractor {extractor}: a server takes efficientnet_lite0[@S] or "
-                             "mobilenet_v2")
+            raise ValueError(f"--extractor {extractor}: a server takes efficientnet_lite0[@S], "
+                             "mobilenet_v2, onnx:PATH[@S] or module:package.module:callable")
         self.model.eval()
         self.name = extractor
 
@@ -55,5 +69,7 @@ class Embedder:
     def __call__(self, blobs: list[bytes]) -> np.ndarray:
         imgs = self.decode(blobs)
         with torch.inference_mode():
+            if self.call is not None:
+                return np.ascontiguousarray(self.call(self.prepare(imgs)), dtype=np.float32)
             z = self.model.embed(self.prepare(imgs))  # (n, 1280) pre-logit features
         return np.ascontiguousarray(z.reshape(len(imgs), -1).numpy(), dtype=np.float32)
