@@ -17,11 +17,9 @@ class Embedder:
     """``embedder([bytes, ...]) -> (n, d) float32`` features of encoded images."""
 
     def __init__(self, extractor: str, weights: str | None = None):
-        from ciosl.data import efficientnet
+        from ciosl.data import backbones, efficientnet
         from ciosl.data.features import efficientnet_input, parse_extractor, preprocess
         from ciosl.data.mobilenet import load_mobilenet_v2
-
-        from ciosl.data import backbones
 
         self.call = None
         if backbones.is_user_backbone(extractor):  # onnx:PATH[@S] or module:pkg.mod:callable
