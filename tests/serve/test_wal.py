@@ -101,3 +101,12 @@ def test_a_file_that_is_not_a_segment_is_refused(tmp_path):
     (tmp_path / "notes.txt").write_text("x")
     with pytest.raises(wal.LogDamaged, match="unexpected file"):
         wal.read_log(tmp_path, 0)
+
+
+def test_the_log_is_read_one_record_at_a_time(tmp_path, monkeypatch):
+    _segment(tmp_path, 0, _records(1, 3))
+    monkeypatch.setattr(type(tmp_path), "read_bytes", lambda self: pytest.fail("whole file"))
+    reader = wal.iter_log(tmp_path, 0, {})
+    first = next(reader)  # available before the rest is read
+    assert first.seq == 1 and first.x.flags.writeable
+    assert [r.seq for r in reader] == [2, 3]

@@ -224,26 +224,26 @@ class Service:
             self.learner = get_method(self.method)(**self.settings)
         for seq, rid in ids:
             self._remember(rid, seq)
+        tail: dict = {}
+        self.seq, self.recovered = snap_seq, 0
         try:
-            records, tail = wal.read_log(f / "log", snap_seq)
+            for rec in wal.iter_log(f / "log", snap_seq, tail):  # one record at a time
+                try:
+                    _apply(self.learner, rec.x, rec.y)
+                except Exception as e:
+                    raise ServeError(f"--dir {f}: record {rec.seq} of the log does not apply "
+                                     f"again ({type(e).__name__}: {e})") from None
+                self._remember(rec.id, rec.seq)
+                self.seq, self.recovered = rec.seq, self.recovered + 1
         except wal.LogDamaged as e:
             raise ServeError(f"--dir {f}: {e}; refusing to start (the log is never cut in the "
                              "middle)") from None
-        for rec in records:
-            try:
-                _apply(self.learner, rec.x, rec.y)
-            except Exception as e:
-                raise ServeError(f"--dir {f}: record {rec.seq} of the log does not apply again "
-                                 f"({type(e).__name__}: {e})") from None
-            self._remember(rec.id, rec.seq)
-        self.recovered = len(records)
-        self.seq = records[-1].seq if records else snap_seq
         self.snap_seq = snap_seq
         self.snap_time = pointer.stat().st_mtime if pointer.exists() else time.time()
         log = f / "log"
-        if tail is not None:
-            path, base, good_end = tail
-            self._segment = wal.Segment(path, base, create=False, good_end=good_end)
+        if tail:
+            self._segment = wal.Segment(tail["path"], tail["base"], create=False,
+                                        good_end=tail["good_end"])
         else:
             self._segment = wal.Segment(log / wal.segment_name(self.seq), self.seq, create=True)
 
@@ -485,5 +485,4 @@ def log_ids(folder: str | Path) -> list[tuple[int, str | None]]:
         p = json.loads(pointer.read_text())
         snap_seq = p["seq"]
         out = [(int(q), rid) for q, rid in json.loads((folder / "snapshots" / p["ids"]).read_text())]
-    records, _ = wal.read_log(folder / "log", snap_seq)
-    return out + [(r.seq, r.id) for r in records]
+    return out + [(r.seq, r.id) for r in wal.iter_log(folder / "log", snap_seq, {})]

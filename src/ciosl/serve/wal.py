@@ -66,12 +66,13 @@ def _decode(seq: int, payload: bytes, where: str) -> Record:
         meta = json.loads(payload[4 : 4 + m])
         n, d = int(meta["n"]), int(meta["d"])
         x = np.frombuffer(payload, dtype="<f4", count=n * d, offset=4 + m).reshape(n, d)
+        x = x.astype(np.float32, copy=False)
         y, rid = list(meta["y"]), meta["id"]
     except Exception as e:  # a checksum matched, so this is a writer's bug, not a torn write
         raise LogDamaged(f"{where}: record {seq} does not decode ({type(e).__name__})") from None
     if len(y) != n or 4 + m + 4 * n * d != len(payload):
         raise LogDamaged(f"{where}: record {seq} has inconsistent sizes")
-    return Record(seq, rid, x.astype(np.float32), y)
+    return Record(seq, rid, x, y)
 
 
 def segment_name(base: int) -> str:
@@ -87,49 +88,55 @@ def segment_base(path: Path) -> int | None:
     return int(digits) if digits.isdigit() else None
 
 
-def read_segment(path: Path, *, last: bool) -> tuple[int, list[Record], int]:
-    """(base, records, good_end) of a segment. ``last``: the newest segment, whose final record
-    may be torn (dropped: ``good_end`` is where the good records end); in any other segment a
-    bad record is damage."""
-    data = path.read_bytes()
-    if len(data) < FILE_HEADER.size:
-        if last and FILE_MAGIC.startswith(data[: len(FILE_MAGIC)]):
-            raise LogDamaged(f"{path}: log segment without a complete header")
-        raise LogDamaged(f"{path}: not a ciosl log segment")
-    magic, version, base = FILE_HEADER.unpack_from(data)
-    if magic != FILE_MAGIC:
-        raise LogDamaged(f"{path}: not a ciosl log segment")
-    if version != VERSION:
-        raise LogDamaged(f"{path}: log format version {version}, this ciosl reads {VERSION}")
-    records, pos, expect = [], FILE_HEADER.size, base + 1
-    while pos < len(data):
-        problem, end = _record_problem(data, pos, expect)
-        if problem is not None:
-            if last and end >= len(data):  # nothing after it: a torn last write
-                break
-            raise LogDamaged(f"{path}: damaged record at byte {pos} ({problem}) with "
-                             f"{len(data) - max(end, pos)} bytes after it")
-        payload = data[pos + REC_HEADER.size : end]
-        records.append(_decode(expect, payload, str(path)))
-        pos, expect = end, expect + 1
-    return base, records, pos
+def iter_segment(path: Path, *, last: bool, tail: dict) -> Iterator[Record]:
+    """The records of a segment, read one at a time (a log is never held in memory whole).
+    ``last``: the newest segment, whose final record may be torn (dropped). Sets
+    ``tail["base"]`` and, once read to the end, ``tail["good_end"]``: where its good records
+    end."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(FILE_HEADER.size)
+        if len(head) < FILE_HEADER.size:
+            if last and FILE_MAGIC.startswith(head[: len(FILE_MAGIC)]):
+                raise LogDamaged(f"{path}: log segment without a complete header")
+            raise LogDamaged(f"{path}: not a ciosl log segment")
+        magic, version, base = FILE_HEADER.unpack(head)
+        if magic != FILE_MAGIC:
+            raise LogDamaged(f"{path}: not a ciosl log segment")
+        if version != VERSION:
+            raise LogDamaged(f"{path}: log format version {version}, this ciosl reads {VERSION}")
+        tail["base"] = base
+        pos, expect = FILE_HEADER.size, base + 1
+        while pos < size:
+            problem, end, payload = _next_record(f, pos, size, expect)
+            if problem is not None:
+                if last and end >= size:  # nothing after it: a torn last write
+                    break
+                raise LogDamaged(f"{path}: damaged record at byte {pos} ({problem}) with "
+                                 f"{size - max(end, pos)} bytes after it")
+            yield _decode(expect, payload, str(path))
+            pos, expect = end, expect + 1
+        tail["good_end"] = pos
 
 
-def _record_problem(data: bytes, pos: int, expect: int) -> tuple[str | None, int]:
-    """What is wrong with the record at ``pos`` (None if it is good) and where it ends."""
-    if len(data) - pos < REC_HEADER.size:
-        return "cut short", len(data)
-    magic, length, crc, seq = REC_HEADER.unpack_from(data, pos)
+def _next_record(f, pos: int, size: int, expect: int) -> tuple[str | None, int, bytearray]:
+    """(what is wrong with the record at ``pos`` or None, where it ends, its payload)."""
+    head = f.read(REC_HEADER.size)
+    if len(head) < REC_HEADER.size:
+        return "cut short", size, bytearray()
+    magic, length, crc, seq = REC_HEADER.unpack(head)
     end = pos + REC_HEADER.size + length
     if magic != REC_MAGIC or length > MAX_PAYLOAD:
-        return "bad header", len(data)  # its length cannot be trusted: nothing after is known
-    if end > len(data):
-        return "cut short", len(data)
+        return "bad header", size, bytearray()  # its length cannot be trusted
+    if end > size:
+        return "cut short", size, bytearray()
+    payload = bytearray(length)  # writable: the features become a writable array
+    f.readinto(payload)
     if seq != expect:
-        return f"sequence {seq} where {expect} was due", end
-    if zlib.crc32(struct.pack("<Q", seq) + data[pos + REC_HEADER.size : end]) != crc:
-        return "checksum mismatch", end
-    return None, end
+        return f"sequence {seq} where {expect} was due", end, payload
+    if zlib.crc32(payload, zlib.crc32(struct.pack("<Q", seq))) != crc:
+        return "checksum mismatch", end, payload
+    return None, end, payload
 
 
 def fsync_dir(folder: Path) -> None:
@@ -185,33 +192,38 @@ def segments(folder: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def read_log(folder: Path, after: int) -> tuple[list[Record], tuple[Path, int, int] | None]:
-    """Every record numbered above ``after``, in order, checked to follow each other; and the
-    last segment as (path, base, good_end) to continue appending to (None when there is
-    none)."""
+def iter_log(folder: Path, after: int, tail: dict) -> Iterator[Record]:
+    """Every record numbered above ``after``, in order, checked to follow each other, read
+    one at a time. Once exhausted, ``tail`` holds the last segment to continue appending to
+    (``path``, ``base``, ``good_end``), or nothing when there is no segment."""
     segs = segments(folder)
-    out: list[Record] = []
     expect = after + 1
-    tail = None
     for i, (base, path) in enumerate(segs):
         last = i == len(segs) - 1
-        b, records, good_end = read_segment(path, last=last)
-        if b != base:
-            raise LogDamaged(f"{path}: its header says base {b}, its name {base}")
-        for rec in records:
+        seen: dict = {}
+        for rec in iter_segment(path, last=last, tail=seen):
             if rec.seq < expect:
                 continue  # already in the snapshot
             if rec.seq != expect:
                 raise LogDamaged(f"{path}: record {rec.seq} follows {expect - 1}: records "
                                  "are missing")
-            out.append(rec)
+            yield rec
             expect += 1
+        if seen["base"] != base:
+            raise LogDamaged(f"{path}: its header says base {seen['base']}, its name {base}")
         if last:
-            tail = (path, base, good_end)
+            tail.update(path=path, base=base, good_end=seen["good_end"])
     if segs and segs[-1][0] > expect - 1:
         raise LogDamaged(f"{segs[-1][1]}: starts after record {segs[-1][0]}, but the snapshot "
                          f"and the log before it end at {expect - 1}: records are missing")
-    return out, tail
+
+
+def read_log(folder: Path, after: int) -> tuple[list[Record], tuple[Path, int, int] | None]:
+    """``iter_log`` as a list, with the tail as (path, base, good_end) or None (for checks and
+    tests: a long log does not fit in memory, recovery streams it)."""
+    tail: dict = {}
+    records = list(iter_log(folder, after, tail))
+    return records, (tail["path"], tail["base"], tail["good_end"]) if tail else None
 
 
 def iter_ids(records: list[Record]) -> Iterator[tuple[int, Any]]:
