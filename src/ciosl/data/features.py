@@ -46,7 +46,7 @@ from ciosl.data import efficientnet, runtime
 from ciosl.data.mobilenet import load_mobilenet_v2, weights_id
 from ciosl.data.types import FeatureSet, ImageSource, RawDataset
 from ciosl.errors import writing
-from ciosl.fileio import atomic_write_bytes, cache_root
+from ciosl.fileio import atomic_write_bytes, cache_root, check_regular
 
 logger = logging.getLogger(__name__)
 
@@ -91,6 +91,27 @@ def _pixels(src: ImageSource, batch_size: int = 4096) -> np.ndarray:
             raise ValueError("The 'pixels' extractor needs images of one size; use 'mobilenet_v2'.")
         out[start : start + len(flat)] = flat
     return out if out is not None else np.empty((0, 0), np.float32)
+
+
+def check_extracted(z: np.ndarray, extractor: str, split: str) -> None:
+    """Refuse the features ``extractor`` gave for a ``split`` (``ValueError`` naming both) when
+    one is NaN or infinite, or when every image got the same features: an extractor that
+    ignores its input (a replaced ONNX cache file, a network with broken weights) would
+    otherwise give a run at chance level and an Omega_all that looks fine. Such features are
+    never cached (``get_features`` checks before it writes, and checks an entry it reads)."""
+    if z.ndim != 2 or z.size == 0:
+        return
+    finite = np.isfinite(z).all(axis=1)  # (n,)
+    if not finite.all():
+        row = int(np.argmin(finite))
+        raise ValueError(f"extractor {extractor} gave NaN or infinite features for {split} "
+                         f"image {row} ({int((~finite).sum())} of {len(z)} images): refused, "
+                         "nothing cached; try --backend torch, or check the weights")
+    if len(z) > 1 and bool((z == z[0]).all()):
+        raise ValueError(f"extractor {extractor} gave the same features for all {len(z)} "
+                         f"{split} images (an extractor that ignores its input, or images "
+                         "that are all alike): refused, nothing cached; try --backend torch, "
+                         "or check the weights and the images")
 
 
 def standardize(train: np.ndarray, test: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -285,6 +306,7 @@ def _embed_all(label, runner: runtime.Runner, prepare, sources, progress) -> dic
                     if progress and not show:
                         on_progress(len(zb))
                 out[split] = z if z is not None else np.empty((0, 0), np.float32)
+                check_extracted(out[split], where, split)  # inside _run's fallback
     finally:
         torch.set_num_threads(threads)
     secs = time.perf_counter() - t0
@@ -319,6 +341,8 @@ def extract(
         train_z, test_z = np.asarray(raw.train_x), np.asarray(raw.test_x)
     elif extractor == "pixels":
         train_z, test_z = _pixels(raw.train_x), _pixels(raw.test_x)  # (n, d), (m, d)
+        for split, z in (("train", train_z), ("test", test_z)):
+            check_extracted(z, "'pixels'", split)
         if train_z.shape[1] != test_z.shape[1]:
             raise ValueError("Train and test images differ in size; use 'mobilenet_v2'.")
         train_z, test_z = standardize(train_z, test_z)
@@ -420,6 +444,7 @@ def save_features(fs: FeatureSet, path: Path) -> None:
 
 def load_features(path: Path, key: str) -> FeatureSet:
     """Read and verify a cache entry; raises ``ValueError`` (or a zip/IO error) when bad."""
+    check_regular(path, "feature cache entry")  # a FIFO would block np.load for good
     with np.load(path, allow_pickle=False) as npz:
         meta = json.loads(str(npz["meta"]))
         arrays = {k: npz[k] for k in _ARRAYS if k in npz.files}
@@ -481,7 +506,10 @@ def get_features(
     path = folder / f"{key}.npz"
     if path.exists() and not rebuild:
         try:
-            return load_features(path, key)
+            fs = load_features(path, key)
+            for split, z in (("train", fs.train_z), ("test", fs.test_z)):  # a poisoned entry
+                check_extracted(z, repr(extractor), split)
+            return fs
         except Exception as e:  # any damage (bad zip, truncation, checksum, stale): rebuild
             logger.warning(
                 "Feature cache entry %s is unreadable (%s: %s); rebuilding it.",
