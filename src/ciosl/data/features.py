@@ -22,6 +22,8 @@ Cache entries are ``.npz`` files named by ``FeatureSet.key`` (dataset fingerprin
 weights id + format version, + the path that ran the network when it is not torch on the CPU:
 their features differ by float rounding). They are written atomically, carry a sha256 of their arrays and
 their metadata, and are verified on load; a damaged or stale entry is logged and rebuilt.
+Features that are the same for every image of a split, or not finite, are refused in every
+extractor (``check_extracted``): never cached, and an entry holding them is rebuilt.
 """
 
 from __future__ import annotations

@@ -15,8 +15,12 @@
 
 The export specialises ``Conv2dSame``'s TensorFlow padding to the input size (constant pads,
 which ONNX Runtime fuses into the convolutions; computed from the traced shape they stay separate
-``Pad`` nodes that break its blocked layout) and is cached in ``<cache>/onnx/``, keyed by the
-network, its weights id, the input size, the opset and the torch version.
+``Pad`` nodes that break its blocked layout) and is cached in ``<cache>/onnx/``, keyed by
+what produced it (``producer``: the network, its weights id and the hash of its tensors, the
+module's and the exporter's source, the exporter's settings, the input size, the opset, the
+torch, onnx and onnxruntime versions; recorded in the entry's manifest). A model, cached or
+fresh, is used only after it matched the torch module on a probe batch (``probe_check``); the
+cache reads regular files only, within caps (``cached_onnx``).
 """
 
 from __future__ import annotations
