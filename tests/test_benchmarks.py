@@ -178,3 +178,10 @@ def test_digests_compares_two_runs(tmp_path):
     out = subprocess.run([sys.executable, str(BENCH / "digests.py"), "--compare", str(a), str(b)],
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 1 and f"{key}: differs from call 3" in out.stdout, out.stdout
+
+
+def test_onnx_check_times_the_export_its_hashes_and_the_probe(tmp_path):
+    lines = run("onnx_check.py", "--cases", "efficientnet_lite0@24", "--reps", "1",
+                cache=tmp_path)
+    assert len(lines) == 1 and re.fullmatch(r"efficientnet_lite0@24: export [\d.]+ s, producer "
+                                            r"[\d.]+ s, probe check [\d.]+ s", lines[0]), lines
