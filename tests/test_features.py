@@ -424,3 +424,22 @@ def test_an_onnx_path_giving_features_alike_falls_back_to_torch(tmp_path, monkey
            "cpu) gave the same features" in caplog.text
     assert fs.key == cache_key(raw, "efficientnet_lite0@32")  # the torch path's entry
     assert np.ptp(fs.train_z, axis=0).max() > 0
+
+
+def test_ciosl_features_on_images_all_alike_is_one_line_naming_the_extractor(tmp_path, capsys):
+    folder = tmp_path / "fashion"
+    folder.mkdir()
+    image = np.random.default_rng(0).integers(0, 256, (28, 28)).astype(np.uint8)
+    for split, count in (("train", 20), ("t10k", 10)):
+        images = np.repeat(image[None], count, axis=0)  # every image the same
+        for stem, a in ((f"{split}-images-idx3-ubyte", images),
+                        (f"{split}-labels-idx1-ubyte", np.arange(count) % 10)):
+            header = bytes([0, 0, 0x08, a.ndim]) + np.asarray(a.shape, ">u4").tobytes()
+            (folder / stem).write_bytes(header + a.astype(np.uint8).tobytes())
+    line = one_line_error(*cli(capsys, ["features", "--dataset", "fashion-mnist", "--data",
+                                        str(folder), "--extractor", "pixels", "--cache",
+                                        str(tmp_path / "cache")]))
+    assert line.startswith("error: extractor 'pixels' gave the same features for all 20 train "
+                           "images (an extractor that ignores its input, or images that are "
+                           "all alike): refused, nothing cached")
+    assert not list((tmp_path / "cache").rglob("*.npz"))
