@@ -347,7 +347,7 @@ def manifest_path(path: Path) -> Path:
     return path.with_suffix(".json")
 
 
-_VERIFIED: set[tuple[str, str]] = set()  # (model sha256, producer digest) checked this process
+_VERIFIED: set[tuple[str, str]] = set()  # (model sha256, params digest) checked this process
 
 
 def probe_check(model: nn.Module, model_bytes: bytes, size: int, where: str) -> None:
