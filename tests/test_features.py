@@ -443,3 +443,30 @@ def test_ciosl_features_on_images_all_alike_is_one_line_naming_the_extractor(tmp
                            "images (an extractor that ignores its input, or images that are "
                            "all alike): refused, nothing cached")
     assert not list((tmp_path / "cache").rglob("*.npz"))
+
+
+def _rows(change=None) -> np.ndarray:
+    z = np.full((10, 4), 0.5, np.float32)
+    if change:
+        change(z)
+    return z
+
+
+CHECKED_IN_BLOCKS = [  # (features of 10 images, checked 3 rows at a time; None: accepted)
+    ("all-alike", _rows(), "gave the same features for all 10 train images"),
+    ("nan-in-a-later-block", _rows(lambda z: (z.__setitem__((7, 1), np.nan),
+                                              z.__setitem__((9, 0), np.inf))),
+     "gave NaN or infinite features for train image 7 (2 of 10 images)"),
+    ("one-image-differs-in-the-last-block", _rows(lambda z: z.__setitem__((9, 3), 0.25)), None),
+]
+
+
+@pytest.mark.parametrize(("z", "message"), [c[1:] for c in CHECKED_IN_BLOCKS],
+                         ids=[c[0] for c in CHECKED_IN_BLOCKS])
+def test_extracted_features_are_checked_block_by_block(z, message, monkeypatch):
+    monkeypatch.setattr(features, "CHECK_ROWS", 3)
+    if message is None:
+        features.check_extracted(z, "'x'", "train")
+        return
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        features.check_extracted(z, "'x'", "train")
