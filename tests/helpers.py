@@ -5,6 +5,7 @@ user's own (``USER_MODULE``, ``own_learner``)."""
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import uuid
@@ -80,6 +81,33 @@ def grid_file(tmp: Path, body: str, name: str = "grid.toml") -> str:
     return str(path)
 
 
+
+
+def full_disk(monkeypatch, folder: Path, spare: tuple[str, ...] = ()) -> None:
+    """Make every ``os.write`` and ``os.fsync`` of a file under ``folder`` fail as on a full
+    disk (``ENOSPC`` with no file name, as the kernel reports it), except files whose path
+    holds one of ``spare``. ``fsync`` is where a buffered write's full disk shows."""
+    real_write, real_fsync = os.write, os.fsync
+
+    def full(fd: int) -> bool:
+        try:
+            where = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            return False
+        return where.startswith(str(folder)) and not any(s in where for s in spare)
+
+    def write(fd, data):
+        if full(fd):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, data)
+
+    def fsync(fd):
+        if full(fd):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_fsync(fd)
+
+    monkeypatch.setattr(os, "write", write)
+    monkeypatch.setattr(os, "fsync", fsync)
 
 
 def make_fifo(tmp: Path, name: str) -> Path:

@@ -215,3 +215,10 @@ def test_folder_extraction_compares_a_folder_with_memory(tmp_path):
     assert "feature difference: 0.00e+00" in lines[-3]  # the same features either way
     last = re.fullmatch(r"folder/memory images/s ratio: ([0-9.]+)", lines[-1])
     assert last and float(last.group(1)) > 0
+
+
+def test_onnx_check_times_the_export_its_hashes_and_the_probe(tmp_path):
+    lines = run("onnx_check.py", "--cases", "efficientnet_lite0@24", "--reps", "1",
+                cache=tmp_path)
+    assert len(lines) == 1 and re.fullmatch(r"efficientnet_lite0@24: export [\d.]+ s, producer "
+                                            r"[\d.]+ s, probe check [\d.]+ s", lines[0]), lines

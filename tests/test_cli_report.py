@@ -1,5 +1,6 @@
 """``ciosl report``'s output files: a report never replaces a file that is no report (a result, a
-grid, a FIFO or a device), and replaces an earlier report, of this version or an older one."""
+grid, a FIFO or a device), and replaces an earlier report, of this version or an older one; a
+folder whose only results were run with ``--no-offline`` gets a report of what they have."""
 
 from __future__ import annotations
 
@@ -63,3 +64,46 @@ def test_a_report_of_an_earlier_version_is_still_replaced(results, tmp_path, cap
     out.write_text(out.read_text().replace('<meta name="generator" content="ciosl report">', ""))
     assert cli(capsys, ["report", str(results), "--format", "html", "--out", str(out)])[0] == 0
     assert '<meta name="generator" content="ciosl report">' in out.read_text()
+
+
+# ---------------------------------------------------------------------------- --no-offline only
+
+NO_OFFLINE_CASES = [  # (format, methods run with --no-offline into one folder)
+    ("md-one-method", "md", ["ncm"]),
+    ("html-two-methods", "html", ["ncm", "slda"]),
+]
+
+
+@pytest.mark.parametrize(("fmt", "methods"), [c[1:] for c in NO_OFFLINE_CASES],
+                         ids=[c[0] for c in NO_OFFLINE_CASES])
+def test_a_folder_of_no_offline_results_gets_a_report_of_what_they_have(fmt, methods, tmp_path,
+                                                                        capsys):
+    import html
+    import json
+    import re
+
+    from ciosl.cli import main
+
+    for method in methods:
+        argv = ["run", "--dataset", "digits", "--limit-per-class", "12", "--quiet", "--runs", "2",
+                "--no-offline", "--method", method, "--cache", str(tmp_path / "cache"),
+                "--out", str(tmp_path / "out")]
+        assert main(argv) == 0
+    capsys.readouterr()
+    assert main(["report", str(tmp_path / "out"), "--format", fmt]) == 0
+    out, err = capsys.readouterr()
+    text = html.unescape((tmp_path / "out" / f"report.{fmt}").read_text())
+    n = len(methods)
+    line = (f"Omega_all needs the offline reference: {n} result{'s' * (n > 1)} here "
+            f"{'were' if n > 1 else 'was'} run with --no-offline")
+    assert line in text and line in err and "Traceback" not in err
+    assert "Results without the offline reference" in text and "skipped" not in err
+    for path in sorted((tmp_path / "out").glob("*.json")):
+        result = json.loads(path.read_text())
+        final, forgetting = result["final_accuracy"], result["forgetting"]
+        row = f"| 2 | {final['mean']:.4f} ± {final['std']:.4f} | {forgetting['mean']:.4f} ± "
+        assert row in out  # the table on the console
+        assert f"Accuracy matrix: {'NCM' if 'ncm' in path.name else 'Deep SLDA'}" in text
+        last = [f"{a:.4f}" for a in result["accuracy_matrix"][-1]]
+        assert re.search(r"\D+".join(map(re.escape, last)), text)  # its last row, in order
+    assert f"{n} result{'s' * (n > 1)}, {n + 1} tables" in out  # the summary, one matrix each

@@ -26,6 +26,7 @@ from helpers import (
     QUICK,
     cli,
     fail_with,
+    full_disk,
     grid_file,
     interrupt_second_run,
     make_fifo,
@@ -69,6 +70,26 @@ def test_a_failure_at_the_final_write_loses_no_finished_run(tmp_path, capsys, mo
     assert len(calls) == 2  # both runs came from the checkpoint: nothing recomputed
     saved = json.loads((tmp_path / "out" / f"digits_class_iid_ncm_{PROTOCOL}.json").read_text())
     assert saved["seeds"] == [0, 1] and len(saved["runs"]) == 2
+
+
+FULL_DISK_CASES = [  # (the file that cannot be written, files that still can)
+    ("lock-file", ".{name}.lock", ()),
+    ("checkpoint", "{stem}.ckpt", (".lock",)),
+    ("result", "{name}", (".lock", ".ckpt")),
+]
+
+
+@pytest.mark.parametrize(("target", "spare"), [c[1:] for c in FULL_DISK_CASES],
+                         ids=[c[0] for c in FULL_DISK_CASES])
+def test_a_full_disk_names_the_file_it_could_not_write(target, spare, tmp_path, capsys,
+                                                       monkeypatch):
+    out = tmp_path / "out"
+    out.mkdir()
+    full_disk(monkeypatch, out, spare)
+    line = one_line_error(*cli(capsys, run_args(tmp_path)))
+    name = f"digits_class_iid_ncm_{PROTOCOL}.json"
+    assert str(out / target.format(name=name, stem=name[:-5])) in line, line
+    assert "No space left on device" in line
 
 
 UP_FRONT_CASES = [

@@ -341,3 +341,132 @@ def test_unreadable_weights_get_no_advice_to_load_them_unsafely(tmp_path, capsys
     assert line.endswith("it is not a plain tensor state_dict (torch.load with weights_only=True "
                          "refused it; ciosl never loads weights any other way)")
     assert "can still be loaded" not in line and "trust the source" not in line
+
+
+# ---------------------------------------------------------------------------- features refused
+
+
+def _runner(kind: str, backend: str):
+    """A runner whose features are all alike (``constant``) or hold a NaN (``nan``)."""
+    from ciosl.data import runtime
+
+    def call(x):
+        z = np.full((len(x), 1280), 0.25, np.float32)
+        if kind == "nan":
+            z[min(3, len(z) - 1), 5] = np.nan
+        return z
+
+    return lambda *a, **k: runtime.Runner(call, 8, 1, backend, "cpu")
+
+
+def _alike(raw: RawDataset) -> RawDataset:
+    same = np.repeat(raw.train_x.get_batch(np.arange(1)), len(raw.train_y), axis=0)
+    return dataclasses.replace(raw, train_x=ArrayImages(same))
+
+
+REFUSED_FEATURES = [  # (extractor, backend, what goes wrong, the message)
+    ("pixels-images-alike", "pixels", None, "alike",
+     "extractor 'pixels' gave the same features for all 40 train images"),
+    ("efficientnet-torch-constant", "efficientnet_lite0@32", "torch", "constant",
+     "extractor EfficientNet-Lite0@32 (torch on cpu) gave the same features for all 40 train "
+     "images"),
+    ("efficientnet-torch-nan", "efficientnet_lite0@32", "torch", "nan",
+     "extractor EfficientNet-Lite0@32 (torch on cpu) gave NaN or infinite features for train "
+     "image 3 (5 of 40 images)"),
+    ("efficientnet-onnxruntime-constant", "efficientnet_lite0@32", "onnxruntime", "constant",
+     "extractor EfficientNet-Lite0@32 (onnxruntime on cpu) gave the same features"),
+    ("mobilenet-torch-constant", "mobilenet_v2", "torch", "constant",
+     "extractor MobileNetV2 (torch on cpu) gave the same features for all 40 train images"),
+]
+
+
+@pytest.mark.parametrize(("extractor", "backend", "wrong", "message"),
+                         [c[1:] for c in REFUSED_FEATURES], ids=[c[0] for c in REFUSED_FEATURES])
+def test_features_alike_or_not_finite_are_refused_naming_the_extractor_and_never_cached(
+        extractor, backend, wrong, message, tmp_path, monkeypatch):
+    from ciosl.data import runtime
+
+    raw = make_raw()
+    if wrong == "alike":
+        raw = _alike(raw)
+    else:
+        name = "ort_runner" if backend == "onnxruntime" else "torch_runner"
+        monkeypatch.setattr(runtime, name, _runner(wrong, backend))
+        monkeypatch.setattr(features, "load_mobilenet_v2", lambda *a, **k: MobileNetV2())
+    with pytest.raises(ValueError) as info:
+        get_features(raw, extractor, cache_dir=tmp_path, progress=False, backend=backend)
+    assert message in str(info.value) and "refused, nothing cached" in str(info.value)
+    assert not list(tmp_path.glob("*.npz"))
+
+
+def test_a_poisoned_feature_cache_entry_is_not_used(tmp_path, caplog):
+    raw = make_raw()
+    real = get_features(raw, "pixels", cache_dir=tmp_path, progress=False)
+    (path,) = tmp_path.glob("*.npz")
+    poisoned = dataclasses.replace(real, train_z=np.zeros_like(real.train_z))
+    features.save_features(poisoned, path)  # a valid entry, checksum and all
+    with caplog.at_level(logging.WARNING):
+        again = get_features(raw, "pixels", cache_dir=tmp_path, progress=False)
+    assert "gave the same features for all 40 train images" in caplog.text
+    assert f"Feature cache entry {path} is unreadable" in caplog.text
+    assert np.array_equal(again.train_z, real.train_z)
+    assert np.array_equal(features.load_features(path, real.key).train_z, real.train_z)
+
+
+def test_an_onnx_path_giving_features_alike_falls_back_to_torch(tmp_path, monkeypatch, caplog):
+    from ciosl.data import runtime
+
+    monkeypatch.setattr(runtime, "ort_runner", _runner("constant", "onnxruntime"))
+    raw = make_raw(n=12, m=4)
+    with caplog.at_level(logging.WARNING):
+        fs = get_features(raw, "efficientnet_lite0@32", cache_dir=tmp_path, progress=False)
+    assert "ONNX Runtime failed (ValueError: extractor EfficientNet-Lite0@32 (onnxruntime on " \
+           "cpu) gave the same features" in caplog.text
+    assert fs.key == cache_key(raw, "efficientnet_lite0@32")  # the torch path's entry
+    assert np.ptp(fs.train_z, axis=0).max() > 0
+
+
+def test_ciosl_features_on_images_all_alike_is_one_line_naming_the_extractor(tmp_path, capsys):
+    folder = tmp_path / "fashion"
+    folder.mkdir()
+    image = np.random.default_rng(0).integers(0, 256, (28, 28)).astype(np.uint8)
+    for split, count in (("train", 20), ("t10k", 10)):
+        images = np.repeat(image[None], count, axis=0)  # every image the same
+        for stem, a in ((f"{split}-images-idx3-ubyte", images),
+                        (f"{split}-labels-idx1-ubyte", np.arange(count) % 10)):
+            header = bytes([0, 0, 0x08, a.ndim]) + np.asarray(a.shape, ">u4").tobytes()
+            (folder / stem).write_bytes(header + a.astype(np.uint8).tobytes())
+    line = one_line_error(*cli(capsys, ["features", "--dataset", "fashion-mnist", "--data",
+                                        str(folder), "--extractor", "pixels", "--cache",
+                                        str(tmp_path / "cache")]))
+    assert line.startswith("error: extractor 'pixels' gave the same features for all 20 train "
+                           "images (an extractor that ignores its input, or images that are "
+                           "all alike): refused, nothing cached")
+    assert not list((tmp_path / "cache").rglob("*.npz"))
+
+
+def _rows(change=None) -> np.ndarray:
+    z = np.full((10, 4), 0.5, np.float32)
+    if change:
+        change(z)
+    return z
+
+
+CHECKED_IN_BLOCKS = [  # (features of 10 images, checked 3 rows at a time; None: accepted)
+    ("all-alike", _rows(), "gave the same features for all 10 train images"),
+    ("nan-in-a-later-block", _rows(lambda z: (z.__setitem__((7, 1), np.nan),
+                                              z.__setitem__((9, 0), np.inf))),
+     "gave NaN or infinite features for train image 7 (2 of 10 images)"),
+    ("one-image-differs-in-the-last-block", _rows(lambda z: z.__setitem__((9, 3), 0.25)), None),
+]
+
+
+@pytest.mark.parametrize(("z", "message"), [c[1:] for c in CHECKED_IN_BLOCKS],
+                         ids=[c[0] for c in CHECKED_IN_BLOCKS])
+def test_extracted_features_are_checked_block_by_block(z, message, monkeypatch):
+    monkeypatch.setattr(features, "CHECK_ROWS", 3)
+    if message is None:
+        features.check_extracted(z, "'x'", "train")
+        return
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        features.check_extracted(z, "'x'", "train")

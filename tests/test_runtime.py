@@ -149,7 +149,7 @@ def test_the_export_is_cached_verified_and_redone_when_damaged(lite0, tmp_path, 
     runtime.cached_onnx(lite0, "efficientnet_lite0", "w2", 24, tmp_path)  # other weights
     runtime.cached_onnx(lite0, "efficientnet_lite0", "w1", 28, tmp_path)  # another size
     assert calls == [24, 24, 28]
-    path = runtime.onnx_path("efficientnet_lite0", "w1", 24, tmp_path)
+    path = runtime.entry_path(lite0, "efficientnet_lite0", "w1", 24, tmp_path)
     raw = bytearray(path.read_bytes())
     raw[len(raw) // 2] ^= 0xFF
     path.write_bytes(bytes(raw))
@@ -317,7 +317,8 @@ def test_on_cuda_threads_sets_the_workers_handing_batches_to_the_gpu(monkeypatch
                         made.append((device, workers)) or real_runner(model, "cpu", batch))
     model = torch.nn.Identity()
     model.embed = lambda x: threads_seen.append(torch.get_num_threads()) or x.flatten(1)[:, :4]
-    src = {"train": ArrayImages(np.zeros((5, 8, 8), np.uint8))}
+    images = np.random.default_rng(0).integers(0, 256, (5, 8, 8), np.uint8)  # alike: refused
+    src = {"train": ArrayImages(images)}
     for threads, workers in ((None, 1), (3, 3)):
         how = features.Execution("cuda", "torch", threads)
         out, backend = features._run("x", model, "efficientnet_lite0", lambda: "w", 8,
@@ -326,3 +327,200 @@ def test_on_cuda_threads_sets_the_workers_handing_batches_to_the_gpu(monkeypatch
         assert backend == "torch" and out["train"].shape == (5, 4)
         assert made[-1] == ("cuda", workers)
     assert set(threads_seen) == {1}
+
+
+# ---------------------------------------------------------------------------- the ONNX cache's trust
+
+
+class Tiny(torch.nn.Module):
+    """A small network with ``embed``, exported in a second: the cache's mechanics, not the
+    features (``test_a_replaced_export_is_caught_end_to_end`` runs EfficientNet-Lite0)."""
+
+    def __init__(self, seed: int = 0, constant: bool = False, width: int = 16):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.conv = torch.nn.Conv2d(3, width, 3, stride=2, padding=1)
+        self.constant = constant
+
+    def embed(self, x: torch.Tensor) -> torch.Tensor:
+        z = torch.nn.functional.relu(self.conv(x)).mean((2, 3))  # (b, 16)
+        return z * 0 + 0.5 if self.constant else z
+
+
+def tiny(**kw) -> torch.nn.Module:
+    return Tiny(**kw).eval().requires_grad_(False)
+
+
+def rewrite_manifest(path, data: bytes) -> None:
+    """What the red team did: the model replaced, its checksum rewritten to match."""
+    import hashlib
+    import json
+
+    man = runtime.manifest_path(path)
+    manifest = json.loads(man.read_text())
+    manifest["sha256"] = hashlib.sha256(data).hexdigest()
+    man.write_text(json.dumps(manifest))
+    path.write_bytes(data)
+
+
+REPLACED_CASES = [  # (what takes the export's place, the warning's words)
+    ("constant-model", lambda: runtime.export_onnx(tiny(constant=True), 16),
+     "does not compute what the torch module computes"),
+    ("other-weights", lambda: runtime.export_onnx(tiny(seed=1), 16),
+     "does not compute what the torch module computes"),
+    ("other-input-size", lambda: runtime.export_onnx(tiny(), 24),
+     "ONNX Runtime cannot run it on the probe batch"),
+    ("not-a-model", lambda: b"\x08\x07" * 100, "ONNX Runtime cannot run it on the probe batch"),
+]
+
+
+@pytest.mark.parametrize(("replacement", "words"), [c[1:] for c in REPLACED_CASES],
+                         ids=[c[0] for c in REPLACED_CASES])
+def test_a_replaced_export_with_a_matching_checksum_is_caught_and_exported_again(
+        replacement, words, tmp_path, monkeypatch, caplog):
+    model, calls, bad = tiny(), [], replacement()
+    real = runtime.export_onnx
+    monkeypatch.setattr(runtime, "export_onnx", lambda m, s: calls.append(s) or real(m, s))
+    good = runtime.cached_onnx(model, "tiny", "w", 16, tmp_path)
+    path = runtime.entry_path(model, "tiny", "w", 16, tmp_path)
+    rewrite_manifest(path, bad)
+    runtime._VERIFIED.clear()  # a new process
+    with caplog.at_level(logging.WARNING):
+        again = runtime.cached_onnx(model, "tiny", "w", 16, tmp_path)
+    assert again == good and len(calls) == 2  # the replacement was not used: exported again
+    assert f"ONNX cache file {path}: {words}" in caplog.text and "exporting again" in caplog.text
+    assert path.read_bytes() == good  # and the entry holds the real export again
+
+
+BINDING_CASES = [  # (what changes, how): each is another entry
+    ("weights-values", lambda m, mp: m.conv.weight.add_(1e-3)),
+    ("weights-id", None),
+    ("module-source", lambda m, mp: mp.setattr(runtime, "source_digest", lambda _: "edited")),
+    ("exporter-settings", lambda m, mp: mp.setitem(runtime.EXPORTER, "example_batch", 3)),
+    ("onnxruntime-version", lambda m, mp: mp.setattr(__import__("onnxruntime"), "__version__",
+                                                      "0.0")),
+]
+
+
+@pytest.mark.parametrize("change", [c[1] for c in BINDING_CASES],
+                         ids=[c[0] for c in BINDING_CASES])
+def test_an_entry_is_bound_to_what_produced_it(change, tmp_path, monkeypatch):
+    model = tiny()
+    before = runtime.entry_path(model, "tiny", "w", 16, tmp_path)
+    with torch.no_grad():
+        if change is not None:
+            change(model, monkeypatch)
+    after = runtime.entry_path(model, "tiny", "w" if change else "w2", 16, tmp_path)
+    assert after != before
+
+
+def test_an_entry_whose_manifest_names_another_producer_is_exported_again(tmp_path, caplog):
+    import json
+
+    model = tiny()
+    runtime.cached_onnx(model, "tiny", "w", 16, tmp_path)
+    path = runtime.entry_path(model, "tiny", "w", 16, tmp_path)
+    man = runtime.manifest_path(path)
+    manifest = json.loads(man.read_text())
+    manifest["producer"]["params"] = "0" * 64  # the entry claims other weights
+    man.write_text(json.dumps(manifest))
+    with caplog.at_level(logging.WARNING):
+        runtime.cached_onnx(model, "tiny", "w", 16, tmp_path)
+    assert f"ONNX cache entry {path} was made by something else" in caplog.text
+    assert json.loads(man.read_text())["producer"]["params"] == runtime.params_digest(model)
+
+
+def test_a_fresh_export_that_disagrees_with_the_module_is_refused(tmp_path, monkeypatch):
+    wrong = runtime.export_onnx(tiny(seed=1), 16)
+    monkeypatch.setattr(runtime, "export_onnx", lambda m, s: wrong)  # an exporter gone wrong
+    with pytest.raises(ValueError, match=r"the ONNX export of tiny at 16x16: does not compute "
+                                         r"what the torch module computes \(max difference"):
+        runtime.cached_onnx(tiny(), "tiny", "w", 16, tmp_path)
+    assert not list(tmp_path.rglob("*.onnx"))  # nothing cached
+
+
+def _fifo(p):
+    import os
+
+    os.mkfifo(p)
+
+
+def _dev_zero(p):
+    p.symlink_to("/dev/zero")
+
+
+NOT_REGULAR_CASES = [  # (what is in place of which file of the entry, the warning's words)
+    ("fifo-as-model", "model", _fifo, "not a regular file (a FIFO (named pipe))"),
+    ("fifo-as-manifest", "manifest", _fifo, "not a regular file (a FIFO (named pipe))"),
+    ("dev-zero-link-as-model", "model", _dev_zero, "not a regular file (a character device)"),
+    ("dev-zero-link-as-manifest", "manifest", _dev_zero,
+     "not a regular file (a character device)"),
+    ("folder-as-model", "model", lambda p: p.mkdir(), "not a regular file (a folder)"),
+]
+
+
+@pytest.fixture
+def hang_guard():
+    """Ends a test that would block for good (a FIFO read): an error, never a hang. Generous:
+    a loaded machine never reaches it."""
+    import signal
+
+    class Blocked(BaseException):  # no handler of OSError (TimeoutError is one) swallows it
+        pass
+
+    def stop(*_):
+        raise Blocked("blocked reading the ONNX cache")
+
+    old = signal.signal(signal.SIGALRM, stop)
+    signal.alarm(300)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, old)
+
+
+@pytest.mark.parametrize(("which", "make", "words"), [c[1:] for c in NOT_REGULAR_CASES],
+                         ids=[c[0] for c in NOT_REGULAR_CASES])
+def test_the_onnx_cache_reads_regular_files_only(which, make, words, tmp_path, caplog,
+                                                 hang_guard):
+    model = tiny()
+    path = runtime.entry_path(model, "tiny", "w", 16, tmp_path)
+    target = path if which == "model" else runtime.manifest_path(path)
+    path.parent.mkdir(parents=True)
+    make(target)
+    with caplog.at_level(logging.WARNING):
+        data = runtime.cached_onnx(model, "tiny", "w", 16, tmp_path)
+    assert data == runtime.export_onnx(model, 16)  # exported for this run
+    (line,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert line.startswith(f"{target}: ONNX cache: {words}: not read and not replaced")
+    assert target.is_symlink() or not target.is_file()  # left as it was
+
+
+def test_the_onnx_cache_reads_at_most_its_cap(tmp_path, caplog, monkeypatch):
+    model = tiny()
+    runtime.cached_onnx(model, "tiny", "w", 16, tmp_path)
+    path = runtime.entry_path(model, "tiny", "w", 16, tmp_path)
+    monkeypatch.setattr(runtime, "MAX_ONNX_BYTES", 100)
+    with caplog.at_level(logging.WARNING):
+        assert runtime.cached_onnx(model, "tiny", "w", 16, tmp_path) == path.read_bytes()
+    assert f"ONNX cache entry {path} is unreadable (ONNX cache file {path}: larger than the " \
+           "100 bytes this reader accepts); exporting again." in caplog.text
+
+
+def test_a_replaced_export_is_caught_end_to_end(tmp_path, caplog):
+    """The red team's case: another valid model, of the same output width, whose features are
+    all alike, in place of EfficientNet-Lite0's export, its checksum rewritten to match."""
+    raw = toy()
+    cache = tmp_path / "cache"
+    first = features.get_features(raw, "efficientnet_lite0@32", cache_dir=cache / "features",
+                                  progress=False)
+    (path,) = (cache / "onnx").glob("*.onnx")
+    rewrite_manifest(path, runtime.export_onnx(tiny(constant=True, width=1280), 32))
+    runtime._VERIFIED.clear()  # a new process
+    with caplog.at_level(logging.WARNING):
+        again = features.get_features(raw, "efficientnet_lite0@32",
+                                      cache_dir=cache / "features", progress=False,
+                                      rebuild=True)
+    assert f"ONNX cache file {path}: does not compute what the torch module computes" \
+        in caplog.text
+    assert again.key == first.key and np.array_equal(again.train_z, first.train_z)
+    assert np.ptp(again.train_z, axis=0).max() > 0  # features that differ between images

@@ -71,6 +71,51 @@ def test_a_replay_memory_too_large_to_allocate_names_the_setting():
         ReplayMemory(10**7, 10**7)
 
 
+ALLOCATION_CASES = [  # (what torch.zeros raises for the memory, the error, its message)
+    ("allocator-failure", RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. "
+                                       "DefaultCPUAllocator: can't allocate memory: you tried "
+                                       "to allocate 448 bytes. Error code 12"),
+     ValueError, "buffer=7: a replay memory of 7 samples x 64 features needs 1.8 KiB, more than "
+                 "can be allocated here; use a smaller buffer (--buffer)"),
+    ("memory-error", MemoryError(), ValueError, "features needs 1.8 KiB, more than can be"),
+    ("size-overflow", RuntimeError("Storage size calculation overflowed with sizes=[7, 64]"),
+     ValueError, "needs 1.8 KiB, more than can be allocated"),
+    ("another-runtime-error", RuntimeError("Cannot set version_counter for inference tensor"),
+     RuntimeError, "buffer=7: creating a replay memory of 7 samples x 64 features failed "
+                   "(RuntimeError: Cannot set version_counter for inference tensor)"),
+]
+
+
+@pytest.mark.parametrize(("raised", "kind", "fragment"), [c[1:] for c in ALLOCATION_CASES],
+                         ids=[c[0] for c in ALLOCATION_CASES])
+def test_only_a_real_allocation_failure_says_more_than_can_be_allocated(raised, kind, fragment,
+                                                                       monkeypatch):
+    import torch
+    from sklearn.datasets import load_digits
+
+    from ciosl.learners import make_learner
+
+    X, y = load_digits(return_X_y=True)
+    learner = make_learner("gdumb", buffer=7)
+    real = torch.zeros
+
+    def zeros(*shape, **kw):
+        if shape == (7, 64):  # the memory's feature rows
+            raise raised
+        return real(*shape, **kw)
+
+    monkeypatch.setattr(torch, "zeros", zeros)
+    with pytest.raises(kind) as info:
+        learner.learn_one(X[0].astype(np.float32), int(y[0]))
+    message = str(info.value)
+    assert fragment in message and "\n" not in message
+    assert ("more than can be allocated" in message) == (kind is ValueError)
+    assert "0.0 GiB" not in message
+    monkeypatch.undo()
+    learner.learn_one(X[0].astype(np.float32), int(y[0]))  # the failed call changed nothing
+    assert learner.classes_ == [int(y[0])] and learner.memory_size() == 1
+
+
 @pytest.mark.parametrize(("method", "setting", "value", "fragment"), [
     ("tinyer", "base_epochs", 10**9, "tinyer: setting 'base_epochs' must be <= 1000, got "
                                      "base_epochs=1000000000"),

@@ -136,7 +136,28 @@ SKLEARN_REFUSALS = [
     ("classes-float-precision", INT,
      lambda c: c.partial_fit(X[:2], [0.0, 1.0], classes=[2**60 + 1]),
      ValueError, "classes= value 1152921504606846977 would become"),
+    # odd arrays: the learner's rules (docs/refused.md, "Odd arrays")
+    ("fit-masked-feature", INT,
+     lambda c: c.fit(np.ma.masked_greater(with_feature(3, 9.0), 5), [0, 1] * 4),
+     ValueError, "fit: features are a masked array with 1 masked value(s) (the first at "
+                 "position 2)"),
+    ("partial-fit-masked-label", INT,
+     lambda c: c.partial_fit(X[:2], np.ma.masked_array([0, 1], mask=[0, 1])),
+     ValueError, "partial_fit: labels are a masked array with 1 masked value(s)"),
+    ("fit-sparse-tensor", INT,
+     lambda c: c.fit(__import__("torch").tensor(X).to_sparse(), [0, 1] * 4),
+     ValueError, "fit: features are a sparse torch tensor"),
 ]
+
+
+def test_sklearn_reads_torch_tensors_as_their_values():
+    import torch
+
+    clf = StreamingClassifier(method="ncm").fit(torch.tensor(X, requires_grad=True), [0, 1] * 4)
+    ref = StreamingClassifier(method="ncm").fit(X, [0, 1] * 4)
+    half = torch.tensor(X, dtype=torch.bfloat16)
+    assert np.array_equal(clf.predict_proba(half), ref.predict_proba(half.float().numpy()))
+    assert np.array_equal(clf.predict_proba(X), ref.predict_proba(X))
 
 
 @pytest.mark.parametrize("start", ["fitted", "fresh"])

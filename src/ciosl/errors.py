@@ -118,6 +118,22 @@ def is_out_of_memory(e: BaseException) -> bool:
                                           and bool(_ALLOCATION.search(str(e))))
 
 
+def too_large(e: BaseException) -> bool:
+    """An allocation that failed because it was too large: ``is_out_of_memory``, or torch's
+    refusal of a size whose byte count overflows. Any other error while allocating is not."""
+    return is_out_of_memory(e) or (isinstance(e, RuntimeError) and str(e).startswith(
+        "Storage size calculation overflowed"))
+
+
+def size_text(n: int) -> str:
+    """``n`` bytes as ``1.5 GiB`` (the largest unit) / ``12.0 MiB`` / ``3.0 KiB`` / ``12 bytes``: a small size
+    never reads "0.0 GiB"."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} bytes"
+
+
 def out_of_memory(e: BaseException, what: str = "") -> str:
     """One line for an allocation that failed: how much was asked for, by what, and what to
     change; never the allocator's internals."""

@@ -140,8 +140,12 @@ def claim(path: str | Path, holder: str) -> Iterator[None]:
             break
         os.close(fd)
     try:
-        os.ftruncate(fd, 0)
-        os.write(fd, holder.encode())
+        try:  # a full disk names the lock file, not only "No space left on device"
+            os.ftruncate(fd, 0)
+            os.write(fd, holder.encode())
+        except OSError as e:
+            raise OSError(e.errno, f"cannot write the lock file of {path.name} "
+                          f"({e.strerror or e})", str(lock)) from None
         yield
     finally:
         with contextlib.suppress(OSError):

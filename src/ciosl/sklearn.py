@@ -23,6 +23,7 @@ from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
+from ciosl.checks import as_values
 from ciosl.errors import echo
 from ciosl.learners.base import Learner, make_learner, plain_label
 
@@ -142,6 +143,7 @@ class StreamingClassifier(ClassifierMixin, BaseEstimator):
         """A fresh learner, base-initialized on (X, y). All or nothing: the new learner is
         built on the side; if anything is refused, a fitted classifier stays as it was."""
         with self._unchanged_on_error():
+            X, y = as_values(X, "fit"), as_values(y, "fit", "labels")  # the learner's rules
             X, y = validate_data(self, X, y, dtype=np.float32)
             y = self._check_y(y)
             code, codes, classes = self._codes({}, y, where="fit")
@@ -156,6 +158,7 @@ class StreamingClassifier(ClassifierMixin, BaseEstimator):
         ``classes_`` and the label table are left as they were."""
         first = not hasattr(self, "learner_")
         with self._unchanged_on_error():
+            X, y = as_values(X, "partial_fit"), as_values(y, "partial_fit", "labels")
             X, y = validate_data(self, X, y, dtype=np.float32, reset=first)
             y = self._check_y(y)
             code, codes, new_classes = self._codes({} if first else self._code, y, classes)
@@ -173,7 +176,7 @@ class StreamingClassifier(ClassifierMixin, BaseEstimator):
     def predict_proba(self, X) -> np.ndarray:
         """(n, len(classes_)) probabilities; 0 for classes announced but not seen yet."""
         check_is_fitted(self, "learner_")
-        X = validate_data(self, X, dtype=np.float32, reset=False)
+        X = validate_data(self, as_values(X, "predict_proba"), dtype=np.float32, reset=False)
         P = self.learner_.predict_proba(X)  # columns in the learner's order of codes
         out = np.zeros((len(X), len(self.classes_)))
         column = {v: i for i, v in enumerate(self.classes_.tolist())}

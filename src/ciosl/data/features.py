@@ -22,6 +22,8 @@ Cache entries are ``.npz`` files named by ``FeatureSet.key`` (dataset fingerprin
 weights id + format version, + the path that ran the network when it is not torch on the CPU:
 their features differ by float rounding). They are written atomically, carry a sha256 of their arrays and
 their metadata, and are verified on load; a damaged or stale entry is logged and rebuilt.
+Features that are the same for every image of a split, or not finite, are refused in every
+extractor (``check_extracted``): never cached, and an entry holding them is rebuilt.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from ciosl.data import backbones, efficientnet, runtime
 from ciosl.data.mobilenet import load_mobilenet_v2, weights_id
 from ciosl.data.types import FeatureSet, ImageSource, RawDataset
 from ciosl.errors import writing
-from ciosl.fileio import atomic_write_bytes, cache_root
+from ciosl.fileio import atomic_write_bytes, cache_root, check_regular
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +61,7 @@ MAX_RESOLUTION = 1024
 EFFICIENTNET_BATCH = 32  # images per forward pass: small maps stay in cache (measured 5x faster than 128)
 FORMAT_VERSION = 2
 PIXEL_STD_FLOOR = 0.05
+CHECK_ROWS = 8192  # rows of features checked at a time (check_extracted)
 IMAGE_SIZE = 224
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -91,6 +94,33 @@ def _pixels(src: ImageSource, batch_size: int = 4096) -> np.ndarray:
             raise ValueError("The 'pixels' extractor needs images of one size; use 'mobilenet_v2'.")
         out[start : start + len(flat)] = flat
     return out if out is not None else np.empty((0, 0), np.float32)
+
+
+def check_extracted(z: np.ndarray, extractor: str, split: str) -> None:
+    """Refuse the features ``extractor`` gave for a ``split`` (``ValueError`` naming both) when
+    one is NaN or infinite, or when every image got the same features: an extractor that
+    ignores its input (a replaced ONNX cache file, a network with broken weights) would
+    otherwise give a run at chance level and an Omega_all that looks fine. Such features are
+    never cached (``get_features`` checks before it writes, and checks an entry it reads)."""
+    if z.ndim != 2 or z.size == 0:
+        return
+    alike, bad, first = True, 0, None
+    for start in range(0, len(z), CHECK_ROWS):  # in blocks: no temporary of the whole split
+        block = z[start:start + CHECK_ROWS]  # (b, d)
+        finite = np.isfinite(block).all(axis=1)  # (b,)
+        if not finite.all():
+            bad += int((~finite).sum())
+            first = start + int(np.argmin(finite)) if first is None else first
+        alike = alike and bool((block == z[0]).all())
+    if bad:
+        raise ValueError(f"extractor {extractor} gave NaN or infinite features for {split} "
+                         f"image {first} ({bad} of {len(z)} images): refused, nothing cached; "
+                         "try --backend torch, or check the weights")
+    if len(z) > 1 and alike:
+        raise ValueError(f"extractor {extractor} gave the same features for all {len(z)} "
+                         f"{split} images (an extractor that ignores its input, or images "
+                         "that are all alike): refused, nothing cached; try --backend torch, "
+                         "or check the weights and the images")
 
 
 def standardize(train: np.ndarray, test: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -319,6 +349,7 @@ def _embed_all(label, runner: runtime.Runner, prepare, sources, progress) -> dic
                     if progress and not show:
                         on_progress(len(zb))
                 out[split] = z if z is not None else np.empty((0, 0), np.float32)
+                check_extracted(out[split], where, split)  # inside _run's fallback
     finally:
         torch.set_num_threads(threads)
     secs = time.perf_counter() - t0
@@ -367,6 +398,8 @@ def extract(
         train_z, test_z = np.asarray(raw.train_x), np.asarray(raw.test_x)
     elif extractor == "pixels":
         train_z, test_z = _pixels(raw.train_x), _pixels(raw.test_x)  # (n, d), (m, d)
+        for split, z in (("train", train_z), ("test", test_z)):
+            check_extracted(z, "'pixels'", split)
         if train_z.shape[1] != test_z.shape[1]:
             raise ValueError("Train and test images differ in size; use 'mobilenet_v2'.")
         train_z, test_z = standardize(train_z, test_z)
@@ -479,6 +512,7 @@ def save_features(fs: FeatureSet, path: Path) -> None:
 
 def load_features(path: Path, key: str) -> FeatureSet:
     """Read and verify a cache entry; raises ``ValueError`` (or a zip/IO error) when bad."""
+    check_regular(path, "feature cache entry")  # a FIFO would block np.load for good
     with np.load(path, allow_pickle=False) as npz:
         meta = json.loads(str(npz["meta"]))
         arrays = {k: npz[k] for k in _ARRAYS if k in npz.files}
@@ -548,7 +582,10 @@ def get_features(
     path = folder / f"{key}.npz"
     if path.exists() and not rebuild:
         try:
-            return load_features(path, key)
+            fs = load_features(path, key)
+            for split, z in (("train", fs.train_z), ("test", fs.test_z)):  # a poisoned entry
+                check_extracted(z, repr(extractor), split)
+            return fs
         except Exception as e:  # any damage (bad zip, truncation, checksum, stale): rebuild
             logger.warning(
                 "Feature cache entry %s is unreadable (%s: %s); rebuilding it.",

@@ -15,19 +15,25 @@
 
 The export specialises ``Conv2dSame``'s TensorFlow padding to the input size (constant pads,
 which ONNX Runtime fuses into the convolutions; computed from the traced shape they stay separate
-``Pad`` nodes that break its blocked layout) and is cached in ``<cache>/onnx/``, keyed by the
-network, its weights id, the input size, the opset and the torch version.
+``Pad`` nodes that break its blocked layout) and is cached in ``<cache>/onnx/``, keyed by
+what produced it (``producer``: the network, its weights id and the hash of its tensors, the
+module's and the exporter's source, the exporter's settings, the input size, the opset, the
+torch, onnx and onnxruntime versions; recorded in the entry's manifest). A model, cached or
+fresh, is used only after it matched the torch module on a probe batch (``probe_check``); the
+cache reads regular files only, within caps (``cached_onnx``).
 """
 
 from __future__ import annotations
 
 import copy
+import errno
 import hashlib
 import io
 import json
 import logging
 import math
 import os
+import stat
 import warnings
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -38,7 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ciosl.fileio import atomic_write_bytes, cache_root
+from ciosl.fileio import atomic_write_bytes, cache_root, kind_of
 
 logger = logging.getLogger(__name__)
 
@@ -202,9 +208,12 @@ def export_onnx(model: nn.Module, size: int) -> bytes:
     buf = io.BytesIO()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(_Embed(specialise(model, size)), (torch.zeros(2, 3, size, size),), buf,
-                          dynamo=False, input_names=["x"], output_names=["z"],
-                          dynamic_axes={"x": {0: "b"}, "z": {0: "b"}}, opset_version=OPSET)
+        e = EXPORTER
+        torch.onnx.export(_Embed(specialise(model, size)),
+                          (torch.zeros(e["example_batch"], 3, size, size),), buf,
+                          dynamo=e["dynamo"], input_names=e["input_names"],
+                          output_names=e["output_names"], dynamic_axes=e["dynamic_axes"],
+                          opset_version=OPSET)
     return fold_pads(buf.getvalue())
 
 
@@ -261,33 +270,185 @@ def fold_pads(model_bytes: bytes) -> bytes:
     return graph_model.SerializeToString()
 
 
-def onnx_path(network: str, weights_id: str, size: int, cache_dir: Path | None = None) -> Path:
-    fields = {"network": network, "weights": weights_id, "size": size, "opset": OPSET,
-              "export": EXPORT_VERSION, "torch": torch.__version__}
+EXPORTER = {"dynamo": False, "input_names": ["x"], "output_names": ["z"],
+            "dynamic_axes": {"x": {0: "b"}, "z": {0: "b"}}, "example_batch": 2,
+            "fold_pads": True}  # export_onnx's settings, in the cache entry's key
+MAX_ONNX_BYTES = 2**30  # an exported extractor is ~15 MB
+MAX_MANIFEST_BYTES = 2**16
+PROBE_IMAGES = 4  # images of the probe batch that checks an ONNX model against its module
+PROBE_TOLERANCE = 1e-3  # relative: the two paths differ by float rounding (<= 3e-5 measured)
+
+
+def params_digest(model: nn.Module) -> str:
+    """sha256 of the module's parameters and buffers as they are (names, dtypes, shapes,
+    values): the weights the export computes with, whatever file they came from."""
+    h = hashlib.sha256()
+    for name, t in sorted(model.state_dict().items()):
+        t = t.detach().cpu().contiguous()
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def source_digest(model: nn.Module) -> str:
+    """sha256 of the source of every class of the module that is not torch's (torch's are
+    covered by its version) and of this module's export code: a change to either is another
+    export."""
+    import inspect
+
+    import ciosl
+
+    h = hashlib.sha256(ciosl.__version__.encode())
+    classes = sorted({type(m) for m in model.modules()
+                      if not type(m).__module__.startswith("torch.")},
+                     key=lambda c: f"{c.__module__}.{c.__qualname__}")
+    for obj in (*classes, _StaticPadConv, _Embed, _same_pads, specialise, export_onnx,
+                fold_pads):
+        try:
+            text = inspect.getsource(obj)
+        except (OSError, TypeError):  # no source (a class made at run time): its name
+            text = f"{obj.__module__}.{obj.__qualname__}"
+        h.update(text.encode())
+    return h.hexdigest()
+
+
+def producer(model: nn.Module, network: str, weights_id: str, size: int) -> dict:
+    """What an exported model is a function of: the network, its weights (their id and the
+    hash of the tensors the module holds), the module's source, the input size and the
+    exporter (its settings, opset, and the versions of torch, onnx and onnxruntime)."""
+    import onnx
+    import onnxruntime as ort
+
+    return {"network": network, "weights": weights_id, "params": params_digest(model),
+            "source": source_digest(model), "size": size, "opset": OPSET,
+            "export": EXPORT_VERSION, "exporter": EXPORTER, "torch": torch.__version__,
+            "onnx": onnx.__version__, "onnxruntime": ort.__version__}
+
+
+def onnx_path(network: str, weights_id: str, size: int, cache_dir: Path | None = None,
+              fields: dict | None = None) -> Path:
+    """``<cache>/onnx/<network>-<size>-<digest of fields>.onnx``, ``fields`` being
+    ``producer``'s (without them: the network, weights id, size and versions only)."""
+    fields = fields or {"network": network, "weights": weights_id, "size": size,
+                        "opset": OPSET, "export": EXPORT_VERSION, "torch": torch.__version__}
     digest = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
     return Path(cache_dir or cache_root()) / "onnx" / f"{network}-{size}-{digest}.onnx"
 
 
+def entry_path(model: nn.Module, network: str, weights_id: str, size: int,
+               cache_dir: Path | None = None) -> Path:
+    """Where ``cached_onnx`` keeps this module's export."""
+    return onnx_path(network, weights_id, size, cache_dir,
+                     producer(model, network, weights_id, size))
+
+
+def manifest_path(path: Path) -> Path:
+    """The entry's manifest: what produced the model, and its sha256."""
+    return path.with_suffix(".json")
+
+
+_VERIFIED: set[tuple[str, str]] = set()  # (model sha256, params digest) checked this process
+
+
+def probe_check(model: nn.Module, model_bytes: bytes, size: int, where: str) -> None:
+    """Compare the ONNX model with the torch module on a probe batch of ``PROBE_IMAGES``
+    random inputs (fresh ones every process); ``ValueError`` naming ``where`` when it does not
+    compute what the module computes. Once per model and module in a process."""
+    memo = (hashlib.sha256(model_bytes).hexdigest(), params_digest(model))
+    if memo in _VERIFIED:
+        return
+    x = torch.from_numpy(np.random.default_rng().uniform(
+        -1, 1, (PROBE_IMAGES, 3, size, size)).astype(np.float32))
+    with torch.inference_mode():
+        ref = model.embed(x).float().numpy()  # (b, d)
+    try:
+        got = ort_session(model_bytes, 1).run(None, {"x": x.numpy()})[0]
+    except (KeyboardInterrupt, MemoryError):
+        raise
+    except Exception as e:  # onnxruntime's own errors (bad protobuf, wrong input name, ...)
+        raise ValueError(f"{where}: ONNX Runtime cannot run it on the probe batch "
+                         f"({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+    scale = max(1.0, float(np.abs(ref).max()))
+    if got.shape != ref.shape:
+        raise ValueError(f"{where}: answers features of shape {got.shape[1:]} where the torch "
+                         f"module answers {ref.shape[1:]}")
+    diff = float(np.abs(got - ref).max()) if np.isfinite(got).all() else math.inf
+    if not diff <= PROBE_TOLERANCE * scale:
+        raise ValueError(f"{where}: does not compute what the torch module computes (max "
+                         f"difference {diff:.3g} on a probe batch of {PROBE_IMAGES} images, "
+                         f"features up to {scale:.3g})")
+    _VERIFIED.add(memo)
+
+
+def _read_entry(path: Path, fields: dict) -> bytes | None:
+    """The cached model at ``path`` when its manifest records ``fields`` and its sha256, read
+    as regular files within caps; None when there is none, or it is stale or damaged (logged);
+    ``OSError`` when something other than a regular file is there."""
+    from ciosl.fileio import load_json, read_bytes
+
+    man = manifest_path(path)
+    if not os.path.lexists(path) and not os.path.lexists(man):
+        return None
+    for p in (path, man):  # a FIFO would block a reader, /dev/zero never end
+        try:
+            mode = os.stat(p).st_mode
+        except OSError:
+            continue
+        if not stat.S_ISREG(mode):
+            raise OSError(errno.EEXIST, f"ONNX cache: not a regular file ({kind_of(mode)})",
+                          str(p))
+    try:
+        manifest = load_json(man, "ONNX cache manifest", MAX_MANIFEST_BYTES)
+        data = read_bytes(path, "ONNX cache file", MAX_ONNX_BYTES)
+    except (OSError, ValueError) as e:
+        logger.warning("ONNX cache entry %s is unreadable (%s); exporting again.", path, e)
+        return None
+    if not isinstance(manifest, dict) or manifest.get("producer") != json.loads(
+            json.dumps(fields)):
+        logger.warning("ONNX cache entry %s was made by something else than this network, "
+                       "weights, source and exporter; exporting again.", path)
+        return None
+    if hashlib.sha256(data).hexdigest() != manifest.get("sha256"):
+        logger.warning("ONNX cache file %s does not match its checksum; exporting again.", path)
+        return None
+    return data
+
+
 def cached_onnx(model: nn.Module, network: str, weights_id: str, size: int,
                 cache_dir: Path | None = None) -> bytes:
-    """The exported network, from ``<cache>/onnx/`` when a verified copy is there (a file and
-    its ``.sha256``), else exported and written there (a cache that cannot be written costs
-    the cache, not the run)."""
-    path = onnx_path(network, weights_id, size, cache_dir)
-    sha_path = path.with_suffix(".sha256")
+    """The exported network, from ``<cache>/onnx/`` when an entry made by the same producer
+    (``producer``: weights, module source, exporter settings and versions) is there, else
+    exported and written there (a cache that cannot be written costs the cache, not the run).
+    Either way the model is checked against the torch module on a probe batch before it is
+    used (``probe_check``): a cached file that fails is exported again; a fresh export that
+    fails is a ``ValueError``. The cache reads regular files only, up to a cap: anything else
+    in an entry's place (a FIFO, a link to a device) is named in one warning, not read and not
+    replaced, and the model is exported for this run."""
+    fields = producer(model, network, weights_id, size)
+    path = onnx_path(network, weights_id, size, cache_dir, fields)  # entry_path's
+    writable = True
     try:
-        data = path.read_bytes()
-        if hashlib.sha256(data).hexdigest() == sha_path.read_text().strip():
-            return data
-        logger.warning("ONNX cache file %s does not match its checksum; exporting again.", path)
-    except OSError:
-        pass
-    data = export_onnx(model, size)
-    try:
-        atomic_write_bytes(path, data)
-        atomic_write_bytes(sha_path, hashlib.sha256(data).hexdigest().encode())
+        data = _read_entry(path, fields)
     except OSError as e:
-        logger.warning("Could not write ONNX cache file %s (%s).", path, e)
+        logger.warning("%s: %s: not read and not replaced (remove it); exporting the network "
+                       "for this run.", e.filename, e.strerror)
+        data, writable = None, False
+    if data is not None:
+        try:
+            probe_check(model, data, size, f"ONNX cache file {path}")
+            return data
+        except ValueError as e:
+            logger.warning("%s; exporting again.", e)
+    data = export_onnx(model, size)
+    probe_check(model, data, size, f"the ONNX export of {network} at {size}x{size}")
+    if writable:
+        try:
+            atomic_write_bytes(path, data)
+            atomic_write_bytes(manifest_path(path), (json.dumps(
+                {"producer": fields, "sha256": hashlib.sha256(data).hexdigest()},
+                indent=1) + "\n").encode())
+        except OSError as e:
+            logger.warning("Could not write ONNX cache file %s (%s).", path, e)
     return data
 
 

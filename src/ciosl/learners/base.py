@@ -31,7 +31,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from ciosl.checks import MAX_FEATURE, bad_feature  # noqa: F401 (MAX_FEATURE: public here too)
+from ciosl.checks import MAX_FEATURE, as_values, bad_feature  # noqa: F401 (MAX_FEATURE: public here too)
 from ciosl.errors import LearnerError, _describe, describe_learner, echo, writing  # noqa: F401
 from ciosl.learners.atomic import AllOrNothing, _hashable  # noqa: F401
 from ciosl.learners.persistence import (  # noqa: F401
@@ -389,13 +389,16 @@ class Learner(AllOrNothing, Persistent):
 
     # ------------------------------------------------------------------ input checks
     def _check_Z(self, Z: Any, *, where: str, first: int = 0) -> np.ndarray:
-        Z = np.asarray(Z)
+        Z = np.asarray(as_values(Z, where))  # a torch tensor's values; a masked value refused
         if Z.ndim == 1:
             Z = Z[None, :]
         if Z.ndim != 2:
             raise ValueError(f"{where}: features must be 2-d (n, d), got shape {Z.shape}")
-        if Z.dtype.kind not in "iufm":  # np.number less complex (as np.issubdtype said)
-            raise ValueError(f"{where}: features must be real numbers, got dtype {Z.dtype}")
+        if Z.dtype.kind not in "iuf":  # not timedelta64 ("m"), which numpy counts as a number
+            hint = ("; durations and dates are no features: convert them to numbers first, "
+                    "e.g. Z / np.timedelta64(1, 's')") if Z.dtype.kind in "mM" else ""
+            raise ValueError(f"{where}: features must be real numbers, got dtype "
+                             f"{Z.dtype}{hint}")
         if Z.shape[0] == 0:
             raise ValueError(f"{where}: empty input (0 samples)")
         if Z.shape[1] == 0:
@@ -450,7 +453,8 @@ class Learner(AllOrNothing, Persistent):
         the state is built on the first call."""
         if not checked:
             Z = self._check_Z(Z, where=where)
-        y = list(np.asarray(y).reshape(-1)) if not isinstance(y, list) else y
+        y = list(np.asarray(as_values(y, where, "labels")).reshape(-1)) \
+            if not isinstance(y, list) else y
         if len(y) != Z.shape[0]:
             raise ValueError(f"{where}: {Z.shape[0]} samples but {len(y)} labels")
         y = [self._check_label(v, where=where) for v in y]
@@ -463,6 +467,7 @@ class Learner(AllOrNothing, Persistent):
     # ------------------------------------------------------------------ public protocol
     def fit_base(self, Z, y) -> Learner:
         """Offline base initialization on (Z, y); the learner is unchanged if it raises."""
+        y = as_values(y, "fit_base", "labels")  # a tensor's values; a masked label refused
         with self._all_or_nothing(full=True, labels=y):
             Z, y = self._prepare(Z, y, "fit_base")
             yi = self._encode_new(y)
@@ -489,6 +494,7 @@ class Learner(AllOrNothing, Persistent):
         implement ``_learn_batch(Z, yi)``; the others learn the samples one at a time, in
         order. The whole batch is checked before anything is learned, and the learner is
         unchanged if it raises."""
+        y = as_values(y, "learn_many", "labels")
         with self._all_or_nothing(full=True, labels=y):
             Z, y = self._prepare(Z, y, "learn_many")
             if not self._has_batch_update():
@@ -554,7 +560,7 @@ class Learner(AllOrNothing, Persistent):
     def score(self, Z, y) -> float:
         """Accuracy; test labels never seen in training count as wrong. Labels are compared
         as the Python values they are (a list holding 2**64 - 1 would become floats)."""
-        y = np.asarray(y, dtype=object).reshape(-1)
+        y = np.asarray(as_values(y, "score", "labels"), dtype=object).reshape(-1)
         if len(y) == 0:
             raise ValueError("score: empty test set")
         pred = self.predict(Z)

@@ -39,6 +39,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from ciosl.errors import _describe, size_text, too_large
+
 REPLACEMENTS = ("reservoir", "lawrrr", "lawcbr", "class_balanced_random")
 SELECTIONS = ("uniform", "uapn", "lapn")
 EPS = 1e-8  # added to losses in the 1/loss weights, so a zero loss is fine
@@ -96,10 +98,13 @@ class ReplayMemory:
         cap = self.capacity
         try:
             self.z = torch.zeros(cap, self.dim)  # (C, d)
-        except (RuntimeError, MemoryError):  # the allocator's message names no setting
+        except (RuntimeError, MemoryError) as e:  # the allocator's message names no setting
+            if not too_large(e):  # anything else is not "more than can be allocated"
+                raise RuntimeError(f"buffer={cap}: creating a replay memory of {cap} samples "
+                                   f"x {self.dim} features failed ({_describe(e)})") from e
             need = cap * self.dim * 4
             raise ValueError(f"buffer={cap}: a replay memory of {cap} samples x {self.dim} "
-                             f"features needs {need / 2**30:.1f} GiB, more than can be "
+                             f"features needs {size_text(need)}, more than can be "
                              "allocated here; use a smaller buffer (--buffer)") from None
         self.y = torch.zeros(cap, dtype=torch.int64)  # (C,)
         self._logits = torch.zeros(cap, width)  # (C, >= width), columns from width on are 0

@@ -22,6 +22,7 @@ from ciosl.report.results import (
 )
 from ciosl.report.tables import FINDINGS, Table, build_tables, legend_markdown, to_markdown
 from ciosl.report.text import md_escape, shorten
+from ciosl.report.unreferenced import reference_line, unreferenced_tables
 
 FORMATS = ("md", "html")
 
@@ -36,6 +37,7 @@ class Report:
     intro: list[str] = field(default_factory=list)  # lines under the title (md and html)
     left_out: list[tuple[Path, str]] = field(default_factory=list)  # (file, why not used)
     duplicates: list[str] = field(default_factory=list)  # which of several results was used
+    apart: list[Path] = field(default_factory=list)  # run with --no-offline: shown apart
 
     def markdown(self, kind: str = "main") -> str | None:
         for table in self.tables:
@@ -117,11 +119,12 @@ def findings_link(report_dir: Path) -> str | None:
 
 def render_markdown(title: str, tables: list[Table], figures: list[Figure],
                     entries: list[Entry], root: Path, base: Path,
-                    intro: list[str] = ()) -> str:
+                    intro: list[str] = (), count: int | None = None) -> str:
     """The report in Markdown. Every text that comes from a result file (names, paths,
     reasons) is escaped with ``md_escape``: no markup of a result reaches the page."""
     findings = findings_link(base)
-    parts = [f"# {md_escape(title)}", "", f"{len(entries)} results from {md_escape(root)}.", ""]
+    n = len(entries) if count is None else count  # with the results without reference
+    parts = [f"# {md_escape(title)}", "", f"{n} results from {md_escape(root)}.", ""]
     if intro:
         parts += [f"{md_escape(line)}  " for line in intro] + [""]
     for table in tables:
@@ -135,6 +138,8 @@ def render_markdown(title: str, tables: list[Table], figures: list[Figure],
             rel = os.path.relpath(f.path, base)
             parts += [f"![{md_escape(f.title)}]({rel})", "",
                       f"*{md_escape(f.title)}.* {md_escape(f.caption)}", ""]
+    if not entries:  # only results without the offline reference: listed in their table
+        return "\n".join(parts) + "\n"
     parts += ["## Results used", "", "| result | method | dataset | ordering | regime | runs | "
               "non-default settings | ciosl | torch |", "|---|---|---|---|---|---:|---|---|---|"]
     for e in entries:
@@ -186,10 +191,11 @@ def write_report(results: str | Path, *, fmt: str = "md", out: str | Path | None
         raise ValueError(f"unknown report format {fmt!r}; valid choices: {', '.join(FORMATS)}")
     root = Path(results)
     left_out: list[tuple[Path, str]] = []
+    apart: list[tuple[Path, dict]] = []  # run with --no-offline: tables of their own
     entries, dups = drop_duplicates(load_entries(root, omega_events=omega_events,
-                                                 left_out=left_out))
+                                                 left_out=left_out, unreferenced=apart))
     duplicates = [duplicate_line(used, others, root) for used, others in dups]
-    if not entries:
+    if not entries and not apart:
         why = ""
         if left_out:  # say why the results there were not read
             first_path, reason = left_out[0]
@@ -200,15 +206,20 @@ def write_report(results: str | Path, *, fmt: str = "md", out: str | Path | None
     path = Path(out) if out is not None else root / f"report.{fmt}"
     check_report_target(path)  # before drawing anything
     title = title or f"ciosl report: {root.resolve().name}"
-    tables = build_tables(entries)
+    tables = build_tables(entries) + unreferenced_tables(apart, root)
     intro = intro_lines(entries, omega_events, left_out, root) + duplicates
+    if apart:
+        intro.append(reference_line(len(apart)))
+    count = len(entries) + len(apart)
     if fmt == "md":
         figures = make_figures(entries, tables, path.parent / "figures")
-        text = render_markdown(title, tables, figures, entries, root, path.parent, intro)
+        text = render_markdown(title, tables, figures, entries, root, path.parent, intro,
+                               count=count)
     else:  # self-contained: the figures are drawn in a temporary folder and embedded
         with tempfile.TemporaryDirectory(prefix="ciosl-figures-") as tmp:
             figures = make_figures(entries, tables, Path(tmp))
         text = render_html(title, tables, figures, entries, root, _grids(root), intro,
-                           findings_link(path.parent))
+                           findings_link(path.parent), count=count)
     atomic_write_bytes(path, text.encode())
-    return Report(path, fmt, tables, figures, entries, intro, left_out, duplicates)
+    return Report(path, fmt, tables, figures, entries, intro, left_out, duplicates,
+                  [p for p, _ in apart])

@@ -313,16 +313,27 @@ def print_sweep_summary(summary) -> None:
 
 
 def print_report(report) -> None:
+    from ciosl.report.unreferenced import reference_line
+
+    shown_apart = set(report.apart)  # --no-offline results: in tables of their own
     for path, reason in report.left_out:  # on stderr, one line each, before the tables
+        if path in shown_apart:
+            continue
         print_error(printable(f"skipped {path}: {reason}"), prefix="[yellow]warning:[/] ")
     for line in report.duplicates:
         print_error(printable(line), prefix="[yellow]note:[/] ")
     main = report.markdown("main")  # escaped: no control character of a name reaches here
+    if report.apart:  # results without the offline reference: why they have no Omega_all
+        print_error(printable(reference_line(len(report.apart))), prefix="[yellow]note:[/] ")
+    if main is None:  # only results without the offline reference: their table
+        main = report.markdown("unreferenced")
     if main is not None:
         console.print(main, highlight=False, markup=False, soft_wrap=True)
     def n(count: int, what: str) -> str:
         return f"{count} {what}{'' if count == 1 else 's'}"
 
-    console.print(f"{n(len(report.entries), 'result')}, {n(len(report.tables), 'table')}, "
+    count = len(report.entries) + sum(len(t.rows) for t in report.tables
+                                      if t.kind == "unreferenced")
+    console.print(f"{n(count, 'result')}, {n(len(report.tables), 'table')}, "
                   f"{n(len(report.figures), 'figure')}: written to {printable(report.path)}",
                   highlight=False, markup=False)

@@ -140,7 +140,7 @@ def provenance_html(entries: list[Entry], root: Path) -> str:
 
 def render_html(title: str, tables: list[Table], figures: list[Figure], entries: list[Entry],
                 root: Path, grids: list[tuple[str, str]], intro: list[str] = (),
-                findings: str | None = None) -> str:
+                findings: str | None = None, count: int | None = None) -> str:
     """The page: a contents list, each table with links to its figures, the figures with a
     link back to their table, then the provenance of every result."""
     fig_ids = [f"fig-{k}-{file_slug(Path(f.path).stem, 60)}" for k, f in enumerate(figures)]
@@ -150,7 +150,8 @@ def render_html(title: str, tables: list[Table], figures: list[Figure], entries:
         contents.append('<li><a href="#figures">Figures</a></li>')
     contents.append('<li><a href="#provenance">Provenance</a></li>')
     body = [f"<h1>{_text(title)}</h1>",
-            f"<p>{len(entries)} results from <code>{_text(root)}</code>.</p>"]
+            f"<p>{len(entries) if count is None else count} results from "
+            f"<code>{_text(root)}</code>.</p>"]
     body += [f'<p class="note">{_text(line)}</p>' for line in intro]
     body.append(f'<nav><h2>Contents</h2><ol>{"".join(contents)}</ol></nav>')
     for table in tables:

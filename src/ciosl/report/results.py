@@ -308,14 +308,17 @@ def _read_json(path: Path) -> tuple[Any, str | None]:
 
 
 def load_entries(folder: str | Path, *, omega_events: str = "after_base",
-                 left_out: list[tuple[Path, str]] | None = None) -> list[Entry]:
+                 left_out: list[tuple[Path, str]] | None = None,
+                 unreferenced: list[tuple[Path, dict]] | None = None) -> list[Entry]:
     """Every result JSON under ``folder`` (recursively; run files and other JSONs are skipped),
     with Omega_all under ``omega_events``. A JSON that cannot be read, a malformed result, a
     result whose Omega_all cannot be given under that definition and one that fails in any
     other way while it is checked or classified are left out, each with (path, reason)
-    appended to ``left_out``: one bad file never takes the report down."""
+    appended to ``left_out``: one bad file never takes the report down. A well-formed result
+    run without the offline reference is left out too, and (path, its data) is appended to
+    ``unreferenced``."""
     from ciosl.evaluation.metrics import check_omega_events
-    from ciosl.report.unreferenced import unreferenced_reason
+    from ciosl.report.unreferenced import is_unreferenced, unreferenced_reason
 
     check_omega_events(omega_events)
     folder = Path(folder)
@@ -336,6 +339,8 @@ def load_entries(folder: str | Path, *, omega_events: str = "after_base",
             apart = unreferenced_reason(data)  # --no-offline: named, never in a column
             if apart is not None:
                 skipped.append((path, apart))
+                if unreferenced is not None and is_unreferenced(data):
+                    unreferenced.append((path, data))
                 continue
             problem = result_problem(data)
             if problem is not None:
