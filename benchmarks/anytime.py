@@ -1,0 +1,103 @@
+"""Answers at any moment (issue 49): the first prediction after a learn against a plain one.
+
+For each closed-form learner at feature width ``--dim`` (1280), after ``--samples`` (2,000)
+samples of ``--classes`` (20) classes learned one at a time, in one process and one thread:
+
+- plain: ``predict_proba`` of ``--rows`` (100) rows when nothing was learned since the last
+  answer;
+- first after a learn: the same call right after one ``learn_one`` (of a known class);
+- learn: that ``learn_one`` itself;
+- ratio: first after a learn / plain (the issue's target: at most 2).
+
+The rounds alternate (plain, learn, first after the learn), ``--rounds`` of them, and the medians
+are printed; every round catches up on one row, so the medians include the kept solutions'
+refits when their corrections reach d / 4 rows only if ``--rounds`` passes d / 4 (the mean is
+printed too). ``--old`` measures what the learners did before issue 49, a refit at the first
+answer after new samples (the kept answer dropped before each prediction).
+
+Run: ``python benchmarks/anytime.py`` (``--methods ncm,slda`` for a subset, ``--proj-dim 1024``
+for smaller random features).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+import torch
+
+from ciosl.learners import make_learner
+
+METHODS = ("ncm", "slda", "rp_lda", "ranpac")
+
+
+def data(n: int, dim: int, classes: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Gaussian classes with a shared non-diagonal covariance, non-negative like pooled CNN
+    features: Z (n, dim) float32, y (n,)."""
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(0.0, 1.0, (classes, dim))
+    A = rng.normal(size=(dim, 32)) / np.sqrt(32)  # a low-rank shared component
+    y = rng.integers(classes, size=n)
+    Z = centres[y] + rng.normal(size=(n, 32)) @ A.T + 0.5 * rng.normal(size=(n, dim))
+    return np.maximum(Z, 0).astype(np.float32), y
+
+
+def measure(method: str, settings: dict, Z, y, Zq, rounds: int, old: bool) -> dict:
+    learner = make_learner(method, **settings)
+    n = len(y) - rounds
+    for i in range(n):
+        learner.learn_one(Z[i], int(y[i]))
+    t = time.perf_counter()
+    learner.predict_proba(Zq)  # the first answer: a refit
+    t_refit = time.perf_counter() - t
+    plain, learn, first = [], [], []
+    for i in range(n, n + rounds):
+        t = time.perf_counter()
+        learner.predict_proba(Zq)
+        plain.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        learner.learn_one(Z[i], int(y[i]))
+        learn.append(time.perf_counter() - t)
+        if old:
+            learner._answer = None  # what the learners did before: refit after new samples
+        t = time.perf_counter()
+        learner.predict_proba(Zq)
+        first.append(time.perf_counter() - t)
+    return {"plain": statistics.median(plain), "first": statistics.median(first),
+            "first_mean": statistics.mean(first), "learn": statistics.median(learn),
+            "refit": t_refit}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--methods", default=",".join(METHODS))
+    ap.add_argument("--dim", type=int, default=1280)
+    ap.add_argument("--samples", type=int, default=2000)
+    ap.add_argument("--classes", type=int, default=20)
+    ap.add_argument("--rows", type=int, default=100)
+    ap.add_argument("--rounds", type=int, default=30)
+    ap.add_argument("--proj-dim", type=int, default=4096, help="D of rp_lda and ranpac")
+    ap.add_argument("--old", action="store_true",
+                    help="drop the kept answer before each prediction (the refit of before)")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    Z, y = data(args.samples + args.rounds, args.dim, args.classes)
+    Zq, _ = data(args.rows, args.dim, args.classes, seed=1)
+    print(f"d = {args.dim}, {args.samples} samples of {args.classes} classes, {args.rows} rows "
+          f"predicted, {args.rounds} rounds, medians, one thread"
+          + (", OLD (refit after new samples)" if args.old else ""), flush=True)
+    print("| learner | plain prediction | first prediction after one learn | ratio "
+          "| learn_one | first answer (refit) |")
+    print("|---|---|---|---|---|---|")
+    for m in args.methods.split(","):
+        settings = {"proj_dim": args.proj_dim} if m in ("rp_lda", "ranpac") else {}
+        r = measure(m, settings, Z, y, Zq, args.rounds, args.old)
+        print(f"| {m} | {r['plain'] * 1e3:.2f} ms | {r['first'] * 1e3:.2f} ms "
+              f"(mean {r['first_mean'] * 1e3:.2f}) | x{r['first'] / r['plain']:.2f} "
+              f"| {r['learn'] * 1e3:.3f} ms | {r['refit'] * 1e3:.0f} ms |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
