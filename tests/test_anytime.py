@@ -169,7 +169,8 @@ def test_a_prediction_after_a_learn_factorizes_nothing(digits, monkeypatch, meth
 
 def test_ncm_catches_up_without_taking_every_waiting_row_again(digits, monkeypatch):
     """NCM merges only the rows since the last answer: the group of rows it forms at an
-    answer after one learn has one row, however many wait in the buffer."""
+    answer after one learn has one row, however many wait in the buffer, until d / 4 = 16
+    rows were merged: then the means are taken again from the statistics (all waiting rows)."""
     Z, y = digits
     learner = make_learner("ncm")
     learner.learn_many(Z[:200], y[:200])  # 200 rows waiting (block 256)
@@ -185,7 +186,7 @@ def test_ncm_catches_up_without_taking_every_waiting_row_again(digits, monkeypat
     for i in range(200, 220):
         learner.learn_one(Z[i], y[i])
         learner.predict_proba(Z[:5])
-    assert sizes == [1] * 20
+    assert sizes == [1] * 16 + [217] + [1] * 3
 
 
 @pytest.mark.parametrize("method, settings", [
