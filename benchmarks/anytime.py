@@ -15,8 +15,15 @@ refits when their corrections reach d / 4 rows only if ``--rounds`` passes d / 4
 printed too). ``--old`` measures what the learners did before issue 49, a refit at the first
 answer after new samples (the kept answer dropped before each prediction).
 
+``--drift N``: numerical health instead. Each learner learns N samples one at a time and
+answers after every one (the kept solution is caught up on one row each time: the longest
+chains of corrections), and every ``--check-every`` samples, at the last answer before a
+refit (d / 4 corrections on the anchor), its kept solution W is compared with a fresh solve
+on the statistics (the same ridge held): the largest |W_kept - W_fresh| / max |W_fresh| and
+the largest difference of the probabilities on held-out rows are printed.
+
 Run: ``python benchmarks/anytime.py`` (``--methods ncm,slda`` for a subset, ``--proj-dim 1024``
-for smaller random features).
+for smaller random features); ``python benchmarks/anytime.py --drift 100000 --methods slda``.
 """
 
 from __future__ import annotations
@@ -70,6 +77,56 @@ def measure(method: str, settings: dict, Z, y, Zq, rounds: int, old: bool) -> di
             "refit": t_refit}
 
 
+def fresh_weights(learner) -> torch.Tensor:
+    """A fresh solve of the kept answer's system on the learner's statistics: (S + rho I)^-1
+    M^T for the LDA learners, (G + lambda I)^-1 C for RanPAC; (K, d)."""
+    ans = learner._answer
+    if learner.name == "slda":
+        A, R = learner.scatter.clone(), learner.mu
+    elif learner.name == "rp_lda":
+        Hp, yp, counts, sums = learner._totals()
+        A, R = learner._scatter(Hp, yp, counts, sums), sums / counts.clamp(min=1)[:, None]
+    else:
+        Hp, yp, counts, sums = learner._totals()
+        c, t = learner.shift, learner.n_committed + len(yp)
+        from ciosl.learners.rplda import add_gram_, symmetric
+        A = symmetric(add_gram_(learner.m2.clone(), Hp))
+        s = sums.sum(0)
+        A += torch.outer(c, s) + torch.outer(s, c) + t * torch.outer(c, c)
+        R = sums + counts[:, None].double() * c
+    A.diagonal().add_(ans.rho)
+    return torch.linalg.solve(A, R.T).T
+
+
+def drift(method: str, settings: dict, n: int, dim: int, classes: int, every: int) -> None:
+    from ciosl.learners.anytime import pmax_for
+    Z, y = data(n, dim, classes, seed=2)
+    Zq, _ = data(200, dim, classes, seed=3)
+    learner = make_learner(method, **settings)
+    width = settings.get("proj_dim", dim)
+    pmax = pmax_for(width)
+    worst_w = worst_p = 0.0
+    due, t0 = every, time.perf_counter()
+    for i in range(n):
+        learner.learn_one(Z[i], int(y[i]))
+        learner.predict_proba(Zq)
+        kept = learner._answer.kept
+        if i + 1 >= due and kept is not None and len(kept.V) == pmax:
+            W = kept.W
+            Wf = fresh_weights(learner)
+            err = float((W - Wf).abs().max() / Wf.abs().max())
+            P = learner.predict_proba(Zq)
+            learner._answer = None  # a refit at the same moment, to compare the answers
+            dp = float(np.abs(P - learner.predict_proba(Zq)).max())
+            worst_w, worst_p = max(worst_w, err), max(worst_p, dp)
+            print(f"{method} at {i + 1} samples, {len(kept.V)} corrections on the anchor: "
+                  f"W relative error {err:.2e}, probabilities (vs a refit now, its shrinkage "
+                  f"re-chosen) {dp:.2e}; {time.perf_counter() - t0:.0f} s", flush=True)
+            due += every
+    print(f"{method}: worst W relative error {worst_w:.2e} over {n} samples (d = {width}, "
+          f"{pmax} corrections at most)", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--methods", default=",".join(METHODS))
@@ -81,8 +138,16 @@ def main() -> None:
     ap.add_argument("--proj-dim", type=int, default=4096, help="D of rp_lda and ranpac")
     ap.add_argument("--old", action="store_true",
                     help="drop the kept answer before each prediction (the refit of before)")
+    ap.add_argument("--drift", type=int, default=0, metavar="N",
+                    help="numerical health over N samples instead of timings")
+    ap.add_argument("--check-every", type=int, default=10000)
     args = ap.parse_args()
     torch.set_num_threads(1)
+    if args.drift:
+        for m in args.methods.split(","):
+            settings = {"proj_dim": args.proj_dim} if m in ("rp_lda", "ranpac") else {}
+            drift(m, settings, args.drift, args.dim, args.classes, args.check_every)
+        return
     Z, y = data(args.samples + args.rounds, args.dim, args.classes)
     Zq, _ = data(args.rows, args.dim, args.classes, seed=1)
     print(f"d = {args.dim}, {args.samples} samples of {args.classes} classes, {args.rows} rows "

@@ -178,3 +178,18 @@ def test_digests_compares_two_runs(tmp_path):
     out = subprocess.run([sys.executable, str(BENCH / "digests.py"), "--compare", str(a), str(b)],
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 1 and f"{key}: differs from call 3" in out.stdout, out.stdout
+
+
+def test_anytime_prints_prediction_times_and_drift(tmp_path):
+    lines = run("anytime.py", "--dim", "16", "--samples", "60", "--classes", "3", "--rows", "5",
+                "--rounds", "3", "--proj-dim", "32", cache=tmp_path)
+    rows = [line for line in lines if line.startswith("| ") and "ms" in line]
+    assert [r.split(" | ")[0] for r in rows] == ["| ncm", "| slda", "| rp_lda", "| ranpac"]
+    assert all(re.search(r"\| x[\d.]+ \|", r) for r in rows), rows
+    lines = run("anytime.py", "--drift", "120", "--check-every", "50", "--dim", "32",
+                "--classes", "3", "--methods", "slda", cache=tmp_path)
+    checks = [line for line in lines if "corrections on the anchor" in line]
+    assert len(checks) >= 1
+    worst = re.fullmatch(r"slda: worst W relative error ([\d.e+-]+) over 120 samples \(d = 32, "
+                         r"8 corrections at most\)", lines[-1])
+    assert worst and float(worst[1]) < 1e-9, lines

@@ -9,6 +9,12 @@ statistics of every sample learned), so a prediction equals the sample-by-sample
 moment, and the committed statistics depend on the samples only, not on when the learner was
 asked, saved or loaded. The state holds the committed statistics and the waiting rows.
 
+Answers (issue 49): a learner keeps its last answer (``_answer``, not part of the state) and
+catches up on the rows learned since (``_rows_since``): the waiting rows after those it had
+seen, and, when one commit happened since, the rest of the previous block (kept: a commit
+takes a fresh buffer instead of overwriting the full one). Any other change (a base set, a
+rollback, a load) starts a new generation and the next answer is computed afresh.
+
 Growth and rollback: the class-indexed arrays grow by capacity doubling (``undo.Rows``), and a
 failed call is undone from a journal that ``_commit`` fills before it overwrites anything (the
 waiting rows and the rows of the classes in the block; SLDA adds its scatter): a call that

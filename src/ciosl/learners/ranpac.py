@@ -17,10 +17,14 @@ RSS(lambda) = t - sum_i q_i (s_i + 2 lambda) / (s_i + lambda)^2 (||Y||^2 = t for
 and df(lambda) = sum_i s_i / (s_i + lambda), GCV(lambda) = RSS / (1 - df / t)^2, minimised over
 a log grid of lambda / (tr G / D) from 1e-6 to 1e3 (``GRID``), the grid relative to the mean
 eigenvalue so that the choice does not depend on the features' scale. One (D, D)
-eigendecomposition per solve (about 20 Cholesky factorizations' time), lazily, when a
-prediction follows new samples (while all t < D samples still wait in the buffer, the (t, t)
-one of H H^T instead: the same nonzero spectrum); ``ridge_`` is the lambda in use. ``ridge_estimator="fixed"``:
-lambda = ``ridge``, one Cholesky solve.
+eigendecomposition per refit (about 20 Cholesky factorizations' time; while all t < D samples
+still wait in the buffer, the (t, t) one of H H^T instead: the same nonzero spectrum);
+``ridge_`` is the lambda in use. ``ridge_estimator="fixed"``: lambda = ``ridge``, one Cholesky
+factorization per refit. Answers at any moment (issue 49, docs/anytime.md): between refits the
+solution is kept and caught up on the rows learned since the last answer (G += H^T H and
+C += H^T Y by Woodbury corrections on the anchor's factorization, ``anytime.Kept``), lambda
+held: exactly ridge regression with ``ridge_`` on everything seen. A refit (lambda chosen
+again) happens when those rows are gone or the corrections would pass D / 4 rows.
 
 Deviations: no backbone adaptation in the first session (features stay frozen, as for every
 learner here); ``predict_proba`` is the softmax of the ridge outputs h W, which ranks the

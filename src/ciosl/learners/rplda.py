@@ -21,8 +21,12 @@ spread. Predictions add the waiting rows to the statistics without committing th
 committed statistics depend on the samples only, not on when the learner was asked, saved or
 loaded. While nothing is committed yet (fewer than ``block`` samples) and p < D rows wait,
 Lambda mu^T is solved through the p x p system of the Woodbury identity instead of the D x D
-one. Weights are cached until the next update; the D x D system is solved by Cholesky (by
-pinv, as in ``slda.py``, if ``shrinkage=0``: Sigma is singular with fewer samples than D).
+one (as corrections on rho I, ``anytime.Kept``). Answers at any moment (issue 49,
+docs/anytime.md): the solution is kept between answers and caught up on the rows learned since
+(projected, then as ``slda.py``: Woodbury corrections on a Cholesky factor of S + rho I, the
+ridge held since the last refit), refit when those rows are gone, the shift was set since, or
+the corrections would pass D / 4 rows (by pinv, as in ``slda.py``, and nothing kept, if
+``shrinkage=0``: Sigma is singular with fewer samples than D).
 The state holds the committed statistics and the waiting raw samples, so a saved learner
 answers and continues bit for bit; P is drawn again from the seed and checked against 16 saved
 entries.

@@ -16,8 +16,14 @@ and merges them with any statistics already held (Chan et al.'s parallel update)
 
 Prediction: Lambda = ((1 - eps) Sigma + eps I)^-1 with eps = ``shrinkage``, scores
 W z + b with W = mu Lambda (one row per class) and b = -0.5 diag(mu Lambda mu^T),
-``predict_proba`` = softmax(scores). Lambda is recomputed lazily, only when predicting after
-the covariance changed; W, b after any update.
+``predict_proba`` = softmax(scores). Answers at any moment (issue 49, docs/anytime.md): the
+solution is kept between answers and caught up on the rows learned since the last one (the
+scatter's increment as a factor X, S += X^T X, by Woodbury corrections on a Cholesky factor of
+S + rho I; ``anytime.py``), with the ridge rho = r / a of the shrunk covariance a S + r I held
+since the last refit: the answer is exactly LDA with the coefficient ``shrinkage_`` reports.
+It refits (the shrinkage chosen again) when the rows are gone (two commits or more since the
+last answer, a base set, a rollback, a load) or the corrections would pass d / 4 rows; a learn
+never factorizes anything.
 
 ``shrinkage_estimator="oas"`` (the default since issue 38's study on the development streams,
 docs/findings.md) chooses the shrinkage from the stream instead of ``shrinkage``: the Oracle
