@@ -194,15 +194,16 @@ def test_ncm_catches_up_without_taking_every_waiting_row_again(digits, monkeypat
     ("rp_lda", {"proj_dim": 64, "shrinkage": 0.2, "shrinkage_estimator": "fixed"})])
 def test_held_shrinkage_stays_within_its_stated_bound(digits, method, settings):
     """Between refits the ridge rho of S + rho I is held: with a fixed eps the coefficient in
-    use is e = eps t0 / (eps t0 + (1 - eps) t), t0 the samples at the refit, so
-    eps (t - d / 4) / t <= e <= eps (at most d / 4 corrections since the refit)."""
+    use is e = eps t0 / (eps t0 + (1 - eps) t) >= eps t0 / t, t0 the samples at the refit, with
+    t - t0 <= d / 4 and t <= 9/8 t0: eps max((t - d / 4) / t, 8 / 9) <= e <= eps."""
     Z, y = digits
     eps, seen = 0.2, []
 
     def on_answer(learner, t):
         e = learner.shrinkage_
         d = features(learner, Z[:1]).shape[1]
-        assert eps * (t - anytime.pmax_for(d)) / t - 1e-12 <= e <= eps + 1e-12
+        low = eps * max((t - anytime.pmax_for(d)) / t, 1 / anytime.GROWTH)
+        assert low - 1e-12 <= e <= eps + 1e-12
         # corrections since the refit: at most d / 4 (RP-LDA's dual refit starts with the
         # rows that wait, fewer than a block)
         assert len(learner._answer.kept.V) <= max(anytime.pmax_for(d), BLOCK)

@@ -29,6 +29,7 @@ import torch
 from ciosl.learners.shrinkage import held_ridge, shrunk_terms
 
 GENERATIONS = count(1)  # a fresh number for every change that a catch-up cannot follow
+GROWTH = 1.125  # a held shrinkage or ridge is re-chosen once the samples grew by 1/8
 
 
 def pmax_for(d: int) -> int:
@@ -153,11 +154,17 @@ class Answer:
     ridge ``rho`` of S + rho I held since the last refit (``kept``: its solution, or None:
     refit at every change), the shrinkage coefficient in use and the scores' (W, b)."""
 
-    __slots__ = ("M", "Wb", "at", "kept", "n", "rho", "shrinkage", "t", "trace")
+    __slots__ = ("M", "Wb", "at", "kept", "n", "rho", "shrinkage", "t", "t0", "trace")
 
-    def __init__(self, at, M, n, t, trace, rho, kept, shrinkage, Wb):
+    def __init__(self, at, M, n, t, trace, rho, kept, shrinkage, Wb, t0=None):
         self.at, self.M, self.n, self.t, self.trace = at, M, n, t, trace
         self.rho, self.kept, self.shrinkage, self.Wb = rho, kept, shrinkage, Wb
+        self.t0 = t if t0 is None else t0  # samples at the refit
+
+    def holds(self, t: int) -> bool:
+        """Whether the ridge chosen at the refit may still be held at t samples: t grew by at
+        most 1/8 since (``GROWTH``; the d / 4 corrections are ``Kept``'s bound)."""
+        return t <= GROWTH * self.t0
 
 
 def lda_refit(at, S, M, n, t, eps, estimator, pmax) -> Answer:
@@ -184,12 +191,14 @@ def lda_caught_up(ans: Answer, at, X, M, n, cols, E, extra, extra_cols, t, trace
     """``ans`` after rows X (m, d) joined the scatter (S += X^T X) and the means became M
     (rows ``cols`` changed: X^T E plus ``extra`` at ``extra_cols``), with the ridge held:
     the exact LDA solution for the shrinkage ``held_ridge`` gives. None: refit."""
+    if not ans.holds(t):
+        return None
     kept = ans.kept.caught_up(X, M, cols, E, extra, extra_cols)
     if kept is None:
         return None
     a, e = held_ridge(ans.rho, t, trace, X.shape[1], estimator)
     W = kept.W / a
-    return Answer(at, M, n, t, trace, ans.rho, kept, e, (W, -0.5 * (W * M).sum(1)))
+    return Answer(at, M, n, t, trace, ans.rho, kept, e, (W, -0.5 * (W * M).sum(1)), ans.t0)
 
 
 

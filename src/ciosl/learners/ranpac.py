@@ -105,12 +105,12 @@ class RanPAC(RPLDA):
         grow = len(self.counts) - len(ans.M)
         R = torch.cat([ans.M, ans.M.new_zeros(grow, H.shape[1])]) if grow else ans.M.clone()
         R.index_add_(0, yr, H)  # (K, D) C^T, the per-class sums of h
-        kept = ans.kept.caught_up(H, R, u, E, None, None)
+        t = ans.t + len(yr)
+        kept = ans.kept.caught_up(H, R, u, E, None, None) if ans.holds(t) else None
         if kept is None:
             return None
         W = kept.W
-        return Answer(at, R, None, ans.t + len(yr), 0.0, ans.rho, kept, None,
-                      (W, W @ self.shift))
+        return Answer(at, R, None, t, 0.0, ans.rho, kept, None, (W, W @ self.shift), ans.t0)
 
     def _refit(self, at) -> Answer:
         """A fresh solution, the ridge chosen now (GCV: one eigendecomposition of G; while all
