@@ -57,12 +57,10 @@ class Kept:
         L, info = torch.linalg.cholesky_ex(A)
         if int(info) != 0:
             return None
-        LT = L.mT.contiguous()  # (d, d) upper: a solve with it reads rows, as with L
-
         def solve0(B: torch.Tensor) -> torch.Tensor:  # two triangular solves (cholesky_solve
             # copies L at every call: 10x slower for one column at d = 1280)
             return torch.linalg.solve_triangular(
-                LT, torch.linalg.solve_triangular(L, B, upper=False), upper=True)
+                L.mT, torch.linalg.solve_triangular(L, B, upper=False), upper=True)
 
         return cls(solve0, solve0(R.T.contiguous()).T.contiguous(), R, pmax)
 
