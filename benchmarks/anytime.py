@@ -40,12 +40,16 @@ from ciosl.learners import make_learner
 METHODS = ("ncm", "slda", "rp_lda", "ranpac")
 
 
-def data(n: int, dim: int, classes: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def data(n: int, dim: int, classes: int, seed: int = 0, part: int | None = None
+         ) -> tuple[np.ndarray, np.ndarray]:
     """Gaussian classes with a shared non-diagonal covariance, non-negative like pooled CNN
-    features: Z (n, dim) float32, y (n,)."""
+    features: Z (n, dim) float32, y (n,); ``part``: the samples drawn from their own generator
+    (the same classes: a long stream drawn in parts)."""
     rng = np.random.default_rng(seed)
     centres = rng.normal(0.0, 1.0, (classes, dim))
     A = rng.normal(size=(dim, 32)) / np.sqrt(32)  # a low-rank shared component
+    if part is not None:
+        rng = np.random.default_rng([seed, part])
     y = rng.integers(classes, size=n)
     Z = centres[y] + rng.normal(size=(n, 32)) @ A.T + 0.5 * rng.normal(size=(n, dim))
     return np.maximum(Z, 0).astype(np.float32), y
@@ -90,7 +94,7 @@ def fresh_weights(learner) -> torch.Tensor:
         Hp, yp, counts, sums = learner._totals()
         c, t = learner.shift, learner.n_committed + len(yp)
         from ciosl.learners.rplda import add_gram_, symmetric
-        A = symmetric(add_gram_(learner.m2.clone(), Hp))
+        A = symmetric(add_gram_(learner.m2.clone(), Hp)) if learner.n_committed else Hp.T @ Hp
         s = sums.sum(0)
         A += torch.outer(c, s) + torch.outer(s, c) + t * torch.outer(c, c)
         R = sums + counts[:, None].double() * c
@@ -100,15 +104,16 @@ def fresh_weights(learner) -> torch.Tensor:
 
 def drift(method: str, settings: dict, n: int, dim: int, classes: int, every: int) -> None:
     from ciosl.learners.anytime import pmax_for
-    Z, y = data(n, dim, classes, seed=2)
-    Zq, _ = data(200, dim, classes, seed=3)
+    Zq, _ = data(200, dim, classes, seed=2, part=10**6)  # held out, the same classes
     learner = make_learner(method, **settings)
     width = settings.get("proj_dim", dim)
     pmax = pmax_for(width)
     worst_w = worst_p = 0.0
     due, t0 = every, time.perf_counter()
     for i in range(n):
-        learner.learn_one(Z[i], int(y[i]))
+        if i % 1000 == 0:  # drawn in parts of 1,000 samples (a long stream at d = 1280)
+            Z, y = data(1000, dim, classes, seed=2, part=i // 1000)
+        learner.learn_one(Z[i % 1000], int(y[i % 1000]))
         learner.predict_proba(Zq)
         kept = learner._answer.kept
         if i + 1 >= due and kept is not None and len(kept.V) == pmax:
