@@ -15,6 +15,11 @@ The anchor is recomputed (by the learner: a refit) when the corrections would pa
 rows; ``caught_up`` says so by returning None. That bounds both the cost of a catch-up and the
 rounding drift of the rank-m chain: at most ``pmax`` corrections since an exact factorization.
 
+A change of the ridge (the shrinkage re-chosen) is not low-rank: a learner holds the ridge of
+its last refit (``Answer``: the answer is then exactly the closed form with the coefficient it
+reports) and refits once the samples grew by more than 1/8 since (``GROWTH``), besides the
+``pmax`` rule. docs/anytime.md states the schedule, its bounds and the costs.
+
 A ``Kept`` is never changed once built: a catch-up returns a new one (the rule of the state,
 DESIGN.md), so a prediction reading the old one sees a consistent solution.
 """
@@ -57,6 +62,7 @@ class Kept:
         L, info = torch.linalg.cholesky_ex(A)
         if int(info) != 0:
             return None
+
         def solve0(B: torch.Tensor) -> torch.Tensor:  # two triangular solves (cholesky_solve
             # copies L at every call: 10x slower for one column at d = 1280)
             return torch.linalg.solve_triangular(
@@ -147,10 +153,11 @@ def merged(mu: torch.Tensor, n: torch.Tensor, u: torch.Tensor, m: torch.Tensor,
 
 # ---------------------------------------------------------------------- LDA (SLDA, RP-LDA)
 class Answer:
-    """An LDA solution kept between answers: at the moment ``at`` = (generation, waiting rows),
+    """A solution kept between answers: at the moment ``at`` = (generation, waiting rows),
     class means M (K, d) and counts n (K,), t samples in the scatter of trace ``trace``, the
-    ridge ``rho`` of S + rho I held since the last refit (``kept``: its solution, or None:
-    refit at every change), the shrinkage coefficient in use and the scores' (W, b)."""
+    ridge ``rho`` of S + rho I held since the last refit at t0 samples (``kept``: its
+    solution, or None: refit at every change), the shrinkage coefficient in use and the
+    scores' (W, b). RanPAC's: M the per-class sums of h, rho its lambda, no shrinkage."""
 
     __slots__ = ("M", "Wb", "at", "kept", "n", "rho", "shrinkage", "t", "t0", "trace")
 
