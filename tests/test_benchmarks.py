@@ -222,3 +222,18 @@ def test_onnx_check_times_the_export_its_hashes_and_the_probe(tmp_path):
                 cache=tmp_path)
     assert len(lines) == 1 and re.fullmatch(r"efficientnet_lite0@24: export [\d.]+ s, producer "
                                             r"[\d.]+ s, probe check [\d.]+ s", lines[0]), lines
+
+
+def test_anytime_prints_prediction_times_and_drift(tmp_path):
+    lines = run("anytime.py", "--dim", "16", "--samples", "60", "--classes", "3", "--rows", "5",
+                "--rounds", "3", "--proj-dim", "32", cache=tmp_path)
+    rows = [line for line in lines if line.startswith("| ") and "ms" in line]
+    assert [r.split(" | ")[0] for r in rows] == ["| ncm", "| slda", "| rp_lda", "| ranpac"]
+    assert all(re.search(r"\| x[\d.]+ \|", r) for r in rows), rows
+    lines = run("anytime.py", "--drift", "120", "--check-every", "50", "--dim", "32",
+                "--classes", "3", "--methods", "slda", cache=tmp_path)
+    checks = [line for line in lines if "corrections on the anchor" in line]
+    assert len(checks) >= 1
+    worst = re.fullmatch(r"slda: worst W relative error ([\d.e+-]+) over 120 samples \(d = 32, "
+                         r"8 corrections at most\)", lines[-1])
+    assert worst and float(worst[1]) < 1e-9, lines

@@ -84,27 +84,28 @@ def test_slda_separable_blobs_class_incremental():
     assert learner.score(Zt, yt) >= 0.99
 
 
-def test_slda_frozen_covariance_and_lazy_inverse():
+def test_slda_frozen_covariance_and_kept_factorization():
     Z, y = gaussian_data()
     frozen = make_learner("slda", streaming_update=False).fit_base(Z[:60], y[:60])
     cov = frozen.covariance.clone()
     frozen.predict(Z[:5])
-    Lam = frozen._Lambda
+    answer = frozen._answer
     frozen.predict(Z[:5])
-    assert frozen._Lambda is Lam  # cached: no update since the last prediction
+    assert frozen._answer is answer  # kept: no update since the last prediction
     stream(frozen, Z[60:], y[60:])
     assert torch.equal(frozen.covariance, cov)
     frozen.predict(Z[:5])
-    assert frozen._Lambda is Lam  # the covariance did not change, nor did its inverse
+    # the covariance did not change: the same factorization, no correction, new means
+    assert frozen._answer.kept.solve0 is answer.kept.solve0 and len(frozen._answer.kept.V) == 0
     np.testing.assert_allclose(frozen.mu.numpy(), class_means(frozen, Z, y)[0], rtol=1e-6)
     live = make_learner("slda").fit_base(Z[:60], y[:60])
     live.predict(Z[:5])
-    Lam = live._Lambda
+    answer = live._answer
     live.learn_one(Z[60], y[60])
-    assert live._Lambda is None  # invalidated on learn, recomputed at the next prediction
+    live.predict(Z[:5])  # caught up on the one row: the anchor kept, one correction row
+    assert live._answer.kept.solve0 is answer.kept.solve0 and len(live._answer.kept.V) == 1
 
 
-# ---------------------------------------------------------------------------- NCM
 def test_ncm_means_and_predictions_match_numpy():
     Z, y = gaussian_data(n_per_class=50, n_classes=4, spread=1.0, seed=4)
     learner = stream(make_learner("ncm", temperature=3.0).fit_base(Z[:40], y[:40]), Z[40:],

@@ -181,12 +181,14 @@ def test_weights_cached_until_the_statistics_change(monkeypatch):
     Z, y = blobs(40, seed=11)
     learner = make_learner("rp_lda", proj_dim=64).fit_base(Z[:150], y[:150])
     P = learner.predict_proba(Z)
-    Wb = learner._Wb
+    answer = learner._answer
     monkeypatch.setattr(rplda, "PREDICT_CHUNK", 7)  # the chunked projection gives the same
     np.testing.assert_allclose(learner.predict_proba(Z), P, rtol=0, atol=1e-12)
-    assert learner._Wb is Wb
+    assert learner._answer is answer
     learner.learn_one(Z[150], y[150])
-    assert learner._Wb is None
+    assert learner._answer is answer  # a learn does not touch the kept answer
+    learner.predict_proba(Z[:3])
+    assert learner._answer is not answer and learner._answer.at[1] == learner.n_pending
 
 
 @pytest.mark.parametrize("n_per_class, D", [(20, 256), (120, 64)])  # Sigma singular; full rank

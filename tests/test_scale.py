@@ -14,6 +14,7 @@ from torch.utils._pytree import tree_flatten
 from ciosl.conformance import class_stream, fitted
 from ciosl.learners import available_methods, bayes_head, finetune, make_learner, rplda
 from ciosl.learners import slda as slda_module
+from ciosl.learners.anytime import pmax_for
 from ciosl.learners.base import Learner, digest
 from ciosl.learners.ncm import NCM
 from ciosl.learners.rplda import RPLDA
@@ -157,8 +158,12 @@ def test_slda_and_ncm_blocks_equal_the_sample_by_sample_rule_at_every_moment():
         np.testing.assert_allclose(ncm.mu.numpy(), mu, rtol=1e-10, atol=1e-10)
         assert slda.counts.tolist() == n[seen].astype(int).tolist()
         np.testing.assert_allclose(slda.scatter.numpy(), S, rtol=1e-9, atol=1e-9)
-        np.testing.assert_allclose(slda.predict_proba(Zt), _lda_proba(Zt, mu, S, i + 1, 1e-4),
-                                   rtol=1e-6, atol=1e-9)
+        # the exact LDA rule with the shrinkage in use: eps = 1e-4 as chosen at the last
+        # refit, the ridge held since (docs/anytime.md: at most d / 4 = 8 samples ago here)
+        P = slda.predict_proba(Zt)
+        e, t = slda.shrinkage_, i + 1
+        assert 1e-4 * (t - pmax_for(d)) / t - 1e-15 <= e <= 1e-4 + 1e-15
+        np.testing.assert_allclose(P, _lda_proba(Zt, mu, S, t, e), rtol=1e-6, atol=1e-9)
         logits = 2 * Zt.astype(np.float64) @ mu.T - (mu ** 2).sum(1)
         P = np.exp(logits - logits.max(1, keepdims=True))
         np.testing.assert_allclose(ncm.predict_proba(Zt), P / P.sum(1, keepdims=True),

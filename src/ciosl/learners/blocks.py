@@ -9,6 +9,12 @@ statistics of every sample learned), so a prediction equals the sample-by-sample
 moment, and the committed statistics depend on the samples only, not on when the learner was
 asked, saved or loaded. The state holds the committed statistics and the waiting rows.
 
+Answers (issue 49): a learner keeps its last answer (``_answer``, not part of the state) and
+catches up on the rows learned since (``_rows_since``): the waiting rows after those it had
+seen, and, when one commit happened since, the rest of the previous block (kept: a commit
+takes a fresh buffer instead of overwriting the full one). Any other change (a base set, a
+rollback, a load) starts a new generation and the next answer is computed afresh.
+
 Growth and rollback: the class-indexed arrays grow by capacity doubling (``undo.Rows``), and a
 failed call is undone from a journal that ``_commit`` fills before it overwrites anything (the
 waiting rows and the rows of the classes in the block; SLDA adds its scatter): a call that
@@ -22,6 +28,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from ciosl.learners.anytime import GENERATIONS, group, merged
 from ciosl.learners.base import Learner
 from ciosl.learners.undo import Rows
 
@@ -40,7 +47,38 @@ class BlockMeans(Learner):
         self.pending_y = torch.zeros(self.block, dtype=torch.int64)  # (block,)
         self.n_pending = 0
         self._journal: dict[str, Any] | None = None
+        self._new_generation()
         self._changed(cov=True)
+
+    # ------------------------------------------------------------------ rows since an answer
+    def _new_generation(self) -> None:
+        """The statistics changed in a way a kept answer cannot follow row by row (a base set,
+        a rollback, a load): the next answer refits."""
+        self._gen = next(GENERATIONS)
+        self._prev: tuple[torch.Tensor, torch.Tensor, int] | None = None
+        self._answer = None
+
+    def _rotate(self) -> None:
+        """The full buffer was committed: keep it as the previous block (a kept answer
+        catches up on its rows) and take a fresh one (never written again)."""
+        self._prev = self.pending_z, self.pending_y, self._gen
+        self.pending_z = torch.empty_like(self.pending_z)
+        self.pending_y = torch.empty_like(self.pending_y)
+        self._gen = next(GENERATIONS)
+
+    def _rows_since(self, gen: int, p: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The rows (m, d) and classes (m,) learned since the moment (``gen``, ``p``): the
+        waiting rows after the first p, and before them the rest of the previous block if
+        one commit happened since. None if the rows are gone (two commits or more since, a
+        base set, a rollback, a load)."""
+        q = self.n_pending
+        if gen == self._gen:
+            return (self.pending_z[p:q], self.pending_y[p:q]) if p <= q else None
+        prev = self._prev
+        if prev is not None and prev[2] == gen:
+            return torch.cat([prev[0][p:], self.pending_z[:q]]), torch.cat([prev[1][p:],
+                                                                            self.pending_y[:q]])
+        return None
 
     @property
     def _pending_np(self) -> tuple[np.ndarray, np.ndarray]:
@@ -82,6 +120,7 @@ class BlockMeans(Learner):
         self._mu.set(mu.double())
         self._n.set(counts.long())
         self.pending_z[:p], self.pending_y[:p], self.n_pending = pz, py, p
+        self._new_generation()
         self._changed(cov=True)
 
     # ------------------------------------------------------------------ learning
@@ -95,6 +134,7 @@ class BlockMeans(Learner):
             # is simply not counted
             self._commit(self.pending_z, self.pending_y)
             self.n_pending = 0
+            self._rotate()
         else:
             self.n_pending = p + 1
         self._changed(cov=True)
@@ -111,30 +151,15 @@ class BlockMeans(Learner):
             if self.n_pending + k == self.block:
                 self._commit(self.pending_z, self.pending_y)
                 self.n_pending = 0
+                self._rotate()
             else:
                 self.n_pending += k
         self._changed(cov=True)
 
     _learn_batch = _append
 
-    @staticmethod
-    def _group(Z: torch.Tensor, y: torch.Tensor
-               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Rows Z (b, d) as float64, the classes present u (u,), each row's position in u (b,),
-        the rows per class m (u,) and their means nu (u, d)."""
-        u, inv = torch.unique(y, return_inverse=True)
-        Z64 = Z.double()
-        m = torch.bincount(inv, minlength=len(u))
-        nu = torch.zeros(len(u), Z.shape[1], dtype=torch.float64).index_add_(0, inv, Z64)
-        return Z64, u, inv, m, nu / m[:, None]
-
-    @staticmethod
-    def _merged(mu: torch.Tensor, n: torch.Tensor, u: torch.Tensor, m: torch.Tensor,
-                nu: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Exact means: rows u of mu (K, d) and n (K,) after m samples of means nu, new
-        tensors (u, d), (u,)."""
-        n0 = n[u]
-        return mu[u] + (nu - mu[u]) * (m.double() / (n0 + m).double())[:, None], n0 + m
+    _group = staticmethod(group)  # rows, classes present, positions, counts, means
+    _merged = staticmethod(merged)  # exact means after a block (Chan et al.)
 
     @classmethod
     def _merge(cls, mu: torch.Tensor, n: torch.Tensor, u: torch.Tensor, m: torch.Tensor,
@@ -206,6 +231,7 @@ class BlockMeans(Learner):
             self.pending_y.copy_(record["pending"][1])
         self.n_pending = record["n_pending"]
         self._journal = None
+        self._new_generation()
         self._changed(cov=True)
 
     def _undo_done(self, record: dict[str, Any]) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ciosl.learners.anytime import pmax_for
 from ciosl.learners.base import register
 from ciosl.learners.blocks import BlockMeans
 
@@ -51,17 +52,41 @@ class NCM(BlockMeans):
     _fit_base = BlockMeans._append
     draws_random = False  # no step draws a random number (Learner._draws_random)
 
-    def _changed(self, cov: bool) -> None:
-        super()._changed(cov)
-        self._sq: torch.Tensor | None = None  # ||mu_k||^2, kept between predictions
+    def _answer_means(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The class means (K, d) and ||mu_k||^2 (K,) of every sample learned, kept between
+        answers: the rows learned since the last answer are merged into its means (O(m d) for
+        m rows, plus a copy of the (K, d) means), as the block merge does; the means are taken
+        again from the statistics when those rows are gone (``_rows_since``) or when d / 4 rows
+        were merged since (the merges' rounding does not accumulate)."""
+        ans, at = self._answer, (self._gen, self.n_pending)
+        if ans is not None and ans[0] == at:
+            return ans[1], ans[3]
+        rows = None if ans is None else self._rows_since(*ans[0])
+        merged = 0 if rows is None else ans[4] + len(rows[1])
+        if rows is None or merged > pmax_for(self.dim_):
+            # the means of the statistics, copied (the committed rows move): at the latest
+            # every d / 4 rows merged, so that the merges' rounding does not accumulate
+            mu, n = self.mu.clone(), self.counts.clone()
+            sq = (mu**2).sum(1)  # (K,)
+            merged = 0
+        else:
+            _, mu0, n0, sq0, _ = ans
+            grow = len(self.classes_) - len(mu0)
+            mu = torch.cat([mu0, mu0.new_zeros(grow, mu0.shape[1])]) if grow else mu0.clone()
+            n = torch.cat([n0, n0.new_zeros(grow)]) if grow else n0.clone()
+            sq = torch.cat([sq0, sq0.new_zeros(grow)]) if grow else sq0.clone()
+            if len(rows[1]):
+                _, u, _, m, nu = self._group(*rows)
+                mu[u], n[u] = self._merged(mu, n, u, m, nu)
+                sq[u] = (mu[u] ** 2).sum(1)
+        self._answer = at, mu, n, sq, merged
+        return mu, sq
 
     def _predict_proba(self, Z: np.ndarray) -> np.ndarray:
-        mu = self.mu  # (K, d), waiting rows included
-        if self._sq is None:  # once per state, not once per row chunk of an evaluation
-            self._sq = (mu**2).sum(1)  # (K,)
+        mu, sq = self._answer_means()  # (K, d), (K,): waiting rows included
         Z64 = torch.from_numpy(Z).double()  # (n, d)
         # (2 z.mu - ||mu||^2) / T in place: the same rounding, no (n, K) temporaries
-        logits = (Z64 @ mu.T).mul_(2).sub_(self._sq).div_(self.temperature)  # (n, K)
+        logits = (Z64 @ mu.T).mul_(2).sub_(sq).div_(self.temperature)  # (n, K)
         return torch.softmax(logits, dim=1).numpy()
 
     def _state(self) -> dict[str, Any]:

@@ -17,10 +17,14 @@ RSS(lambda) = t - sum_i q_i (s_i + 2 lambda) / (s_i + lambda)^2 (||Y||^2 = t for
 and df(lambda) = sum_i s_i / (s_i + lambda), GCV(lambda) = RSS / (1 - df / t)^2, minimised over
 a log grid of lambda / (tr G / D) from 1e-6 to 1e3 (``GRID``), the grid relative to the mean
 eigenvalue so that the choice does not depend on the features' scale. One (D, D)
-eigendecomposition per solve (about 20 Cholesky factorizations' time), lazily, when a
-prediction follows new samples (while all t < D samples still wait in the buffer, the (t, t)
-one of H H^T instead: the same nonzero spectrum); ``ridge_`` is the lambda in use. ``ridge_estimator="fixed"``:
-lambda = ``ridge``, one Cholesky solve.
+eigendecomposition per refit (about 20 Cholesky factorizations' time; while all t < D samples
+still wait in the buffer, the (t, t) one of H H^T instead: the same nonzero spectrum);
+``ridge_`` is the lambda in use. ``ridge_estimator="fixed"``: lambda = ``ridge``, one Cholesky
+factorization per refit. Answers at any moment (issue 49, docs/anytime.md): between refits the
+solution is kept and caught up on the rows learned since the last answer (G += H^T H and
+C += H^T Y by Woodbury corrections on the anchor's factorization, ``anytime.Kept``), lambda
+held: exactly ridge regression with ``ridge_`` on everything seen. A refit (lambda chosen
+again) happens when those rows are gone or the corrections would pass D / 4 rows.
 
 Deviations: no backbone adaptation in the first session (features stay frozen, as for every
 learner here); ``predict_proba`` is the softmax of the ridge outputs h W, which ranks the
@@ -34,6 +38,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from ciosl.learners.anytime import Answer, Kept, pmax_for
 from ciosl.learners.base import Learner, Range, register
 from ciosl.learners.rplda import RPLDA, add_gram_, spd_solve, symmetric
 
@@ -76,32 +81,83 @@ class RanPAC(RPLDA):
         Learner.__init__(self, seed=seed)
 
     def _weights(self) -> tuple[torch.Tensor, torch.Tensor]:
-        if self._Wb is None:
-            Hp, yp, counts, sums = self._totals()  # sums of h - c; c = 0 until the first commit
-            c, t, D = self.shift, self.n_committed + len(yp), len(self.shift)
-            dual = self.n_committed == 0 and len(yp) < D
-            if dual:  # G = X^T X, C = X^T Y with X = Hp (p, D): work on M = X X^T (p, p)
-                M, R = Hp @ Hp.T, torch.nn.functional.one_hot(yp, len(counts)).double()
-            else:  # M = G (D, D), R = C (D, K)
-                M = symmetric(add_gram_(self.m2.clone(), Hp)) if self.n_committed else Hp.T @ Hp
-                s = sums.sum(0)
-                M += torch.outer(c, s) + torch.outer(s, c) + t * torch.outer(c, c)
-                R = (sums + counts[:, None].double() * c).T
-            if self.ridge_estimator == "fixed":
-                self._ridge = float(self.ridge)
-                M.diagonal().add_(self._ridge)
-                B = spd_solve(M, R, self._ridge > 0)  # (G + lambda I)^-1 C, or its dual
-            else:  # the same nonzero spectrum s either way; dual: V^T C = diag(sqrt s) U^T Y
-                s, V = torch.linalg.eigh(M)
-                s = s.clamp(min=0)
-                Q = V.T @ R  # (m, K)
-                q = Q.square().sum(1) * (s if dual else 1)
-                scale = float(s.sum()) / D  # tr G / D
-                self._ridge = gcv_ridge(s, q, t, scale) if scale > 0 else 1.0
-                B = V @ (Q / (s + self._ridge)[:, None])
-            W = (Hp.T @ B if dual else B).T.contiguous()  # (K, D)
-            self._Wb = W, W @ c  # on h - c (RPLDA's predict): h W^T = (h - c) W^T + W c
-        return self._Wb
+        """The outputs' (W (K, D), b (K,)) on h - c: kept, caught up on the rows learned since
+        the last answer with the ridge held (``anytime.py``: G += H^T H, C += H^T Y), refit
+        (the ridge chosen again) when those rows are gone or the corrections would pass D / 4
+        rows."""
+        ans, at = self._answer, (self._gen, self.n_pending)
+        if ans is not None and ans.at == at:
+            return ans.Wb
+        new = None
+        if ans is not None and ans.kept is not None:
+            rows = self._rows_since(*ans.at)
+            if rows is not None and len(rows[1]):
+                new = self._caught_up(ans, at, *rows)
+        if new is None:
+            new = self._refit(at)
+        self._answer = new
+        return new.Wb
+
+    def _caught_up(self, ans: Answer, at, Zr: torch.Tensor, yr: torch.Tensor) -> Answer | None:
+        H = self._project(Zr)  # (m, D): G += H^T H
+        u, inv = torch.unique(yr, return_inverse=True)
+        E = torch.nn.functional.one_hot(inv, len(u)).double()  # (m, u): C += H^T Y
+        grow = len(self.counts) - len(ans.M)
+        R = torch.cat([ans.M, ans.M.new_zeros(grow, H.shape[1])]) if grow else ans.M.clone()
+        R.index_add_(0, yr, H)  # (K, D) C^T, the per-class sums of h
+        t = ans.t + len(yr)
+        kept = ans.kept.caught_up(H, R, u, E, None, None) if ans.holds(t) else None
+        if kept is None:
+            return None
+        W = kept.W
+        return Answer(at, R, None, t, 0.0, ans.rho, kept, None, (W, W @ self.shift), ans.t0)
+
+    def _refit(self, at) -> Answer:
+        """A fresh solution, the ridge chosen now (GCV: one eigendecomposition of G; while all
+        t < D samples wait, of H H^T (t, t) instead: the same nonzero spectrum)."""
+        Hp, yp, counts, sums = self._totals()  # sums of h - c; c = 0 until the first commit
+        c, t, D, K = self.shift, self.n_committed + len(yp), len(self.shift), len(counts)
+        pmax = pmax_for(D)
+        R = sums + counts[:, None].double() * c  # (K, D) C^T, the per-class sums of h
+        dual = self.n_committed == 0 and len(yp) < D
+        if dual:  # G = X^T X, C = X^T Y with X = Hp (p, D): work on M = X X^T (p, p)
+            M, Y = Hp @ Hp.T, torch.nn.functional.one_hot(yp, K).double()
+        else:  # M = G (D, D)
+            M = symmetric(add_gram_(self.m2.clone(), Hp)) if self.n_committed else Hp.T @ Hp
+            s = sums.sum(0)
+            M += torch.outer(c, s) + torch.outer(s, c) + t * torch.outer(c, c)
+        kept = None
+        if self.ridge_estimator == "fixed":
+            lam = float(self.ridge)
+            if lam > 0 and dual:  # (lam I + X^T X)^-1 by Woodbury: p corrections on lam I
+                kept = Kept.scaled_identity(lam, K, D, pmax).caught_up(
+                    Hp, R, torch.arange(K), Y, None, None, pmax=max(pmax, len(yp)))
+            elif lam > 0:
+                A = M.clone()
+                A.diagonal().add_(lam)
+                kept = Kept.cholesky(A, R, pmax)
+            if kept is None:  # lam = 0: the pseudo-inverse, nothing kept
+                M.diagonal().add_(lam)
+                B = spd_solve(M, Y if dual else R.T, lam > 0)  # (G + lam I)^-1 C, or its dual
+                W = (Hp.T @ B if dual else B).T.contiguous()  # (K, D)
+                return Answer(at, R, None, t, 0.0, lam, None, None, (W, W @ c))
+        else:  # the same nonzero spectrum s either way; dual: V^T C = diag(sqrt s) U^T Y
+            s, V = torch.linalg.eigh(M)
+            s = s.clamp(min=0)
+            Q = V.T @ (Y if dual else R.T)  # (m, K)
+            q = Q.square().sum(1) * (s if dual else 1)
+            scale = float(s.sum()) / D  # tr G / D
+            lam = gcv_ridge(s, q, t, scale) if scale > 0 else 1.0
+            if dual:
+                kept = Kept.scaled_identity(lam, K, D, pmax).caught_up(
+                    Hp, R, torch.arange(K), Y, None, None, pmax=max(pmax, len(yp)))
+            if kept is None:
+                kept = Kept.eigen(s, V, lam, R, pmax) if not dual else None
+            if kept is None:  # a dual correction failed: the dual solve, nothing kept
+                W = (Hp.T @ (V @ (Q / (s + lam)[:, None]))).T.contiguous()
+                return Answer(at, R, None, t, 0.0, lam, None, None, (W, W @ c))
+        W = kept.W
+        return Answer(at, R, None, t, 0.0, lam, kept, None, (W, W @ c))
 
     shrinkage_ = None  # no covariance here: ``ridge_``
 
@@ -109,4 +165,4 @@ class RanPAC(RPLDA):
     def ridge_(self) -> float:
         """The lambda of the current solve (``ridge`` if fixed)."""
         self._weights()
-        return self._ridge
+        return self._answer.rho

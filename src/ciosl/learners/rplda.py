@@ -21,8 +21,12 @@ spread. Predictions add the waiting rows to the statistics without committing th
 committed statistics depend on the samples only, not on when the learner was asked, saved or
 loaded. While nothing is committed yet (fewer than ``block`` samples) and p < D rows wait,
 Lambda mu^T is solved through the p x p system of the Woodbury identity instead of the D x D
-one. Weights are cached until the next update; the D x D system is solved by Cholesky (by
-pinv, as in ``slda.py``, if ``shrinkage=0``: Sigma is singular with fewer samples than D).
+one (as corrections on rho I, ``anytime.Kept``). Answers at any moment (issue 49,
+docs/anytime.md): the solution is kept between answers and caught up on the rows learned since
+(projected, then as ``slda.py``: Woodbury corrections on a Cholesky factor of S + rho I, the
+ridge held since the last refit), refit when those rows are gone, the shift was set since, or
+the corrections would pass D / 4 rows (by pinv, as in ``slda.py``, and nothing kept, if
+``shrinkage=0``: Sigma is singular with fewer samples than D).
 The state holds the committed statistics and the waiting raw samples, so a saved learner
 answers and continues bit for bit; P is drawn again from the seed and checked against 16 saved
 entries.
@@ -42,6 +46,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from ciosl.learners.anytime import GENERATIONS, Answer, Kept, lda_rows_caught_up, pmax_for
 from ciosl.learners.base import Learner, register
 from ciosl.learners.shrinkage import SHRINKAGE_ESTIMATORS, check_shrinkage, shrunk_terms
 from ciosl.learners.undo import Rows
@@ -134,7 +139,32 @@ class RPLDA(Learner):
         self.pending_z = torch.zeros(self.block, dim)  # (block, d) raw samples waiting
         self.pending_y = torch.zeros(self.block, dtype=torch.int64)  # (block,)
         self.n_pending = 0
-        self._Wb: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._new_generation()
+
+    def _new_generation(self) -> None:
+        """A change a kept answer cannot follow row by row (a rollback, a load): it refits."""
+        self._gen = next(GENERATIONS)
+        self._prev: tuple[torch.Tensor, torch.Tensor, int] | None = None
+        self._answer: Answer | None = None
+
+    def _rotate(self) -> None:
+        """The full buffer was committed: kept as the previous block, a fresh one taken."""
+        self._prev = self.pending_z, self.pending_y, self._gen
+        self.pending_z = torch.empty_like(self.pending_z)
+        self.pending_y = torch.empty_like(self.pending_y)
+        self._gen = next(GENERATIONS)
+
+    def _rows_since(self, gen: int, p: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The raw rows (m, d) and classes (m,) learned since the moment (``gen``, ``p``), or
+        None if they are gone (``blocks.BlockMeans._rows_since``)."""
+        q = self.n_pending
+        if gen == self._gen:
+            return (self.pending_z[p:q], self.pending_y[p:q]) if p <= q else None
+        prev = self._prev
+        if prev is not None and prev[2] == gen:
+            return torch.cat([prev[0][p:], self.pending_z[:q]]), torch.cat([prev[1][p:],
+                                                                            self.pending_y[:q]])
+        return None
 
     @property
     def sums(self) -> torch.Tensor:
@@ -147,7 +177,6 @@ class RPLDA(Learner):
     def _add_class(self) -> None:
         self._sums.grow()
         self._counts.grow()
-        self._Wb = None
 
     # ------------------------------------------------------------------ all-or-nothing
     def _undo_record(self, yi: np.ndarray) -> dict[str, Any]:
@@ -178,7 +207,7 @@ class RPLDA(Learner):
             self.shift, self.m2, self.n_committed = record["moments"]
         self.n_pending = record["n_pending"]
         self._journal = None
-        self._Wb = None
+        self._new_generation()
 
     def _undo_done(self, record: dict[str, Any]) -> None:
         self._journal = None
@@ -209,7 +238,7 @@ class RPLDA(Learner):
         self._counts.set(state["counts"])
         self.n_committed, self.n_pending = n, p
         self.pending_z[:p], self.pending_y[:p] = state["pending_z"], state["pending_y"]
-        self._Wb = None
+        self._new_generation()
 
     # ------------------------------------------------------------------ learning
     def transform(self, Z: np.ndarray) -> np.ndarray:
@@ -234,9 +263,9 @@ class RPLDA(Learner):
             if self.n_pending + k == self.block:
                 self._commit(self.pending_z, self.pending_y)
                 self.n_pending = 0
+                self._rotate()
             else:
                 self.n_pending += k
-        self._Wb = None
 
     def _commit(self, Z: torch.Tensor, y: torch.Tensor) -> None:
         """Fold rows Z (b, d) of classes y (b,) into the moments. Everything is computed and
@@ -291,30 +320,66 @@ class RPLDA(Learner):
         return self._scatter(Hp, yp, counts, sums) / (self.n_committed + len(yp))
 
     def _weights(self) -> tuple[torch.Tensor, torch.Tensor]:
-        if self._Wb is None:
-            Hp, yp, counts, sums = self._totals()
-            M = sums / counts.clamp(min=1)[:, None]  # (K, D) class means of h - c
-            D, n = len(self.shift), self.n_committed + len(yp)
-            if self.n_committed == 0:  # every sample is waiting: X (p, D), S = X^T X
-                X = Hp - M[yp]  # deviations from the class means
-                XXt = X @ X.T  # (p, p)
-                a, r, self._shrinkage = self._shrunk(float(XXt.trace()),
-                                                     float(XXt.square().sum()), n, D)
-            if self.n_committed == 0 and r > 0 and len(yp) < D:
-                # Woodbury: (r I + a X^T X)^-1 = (I - a X^T (r I + a X X^T)^-1 X) / r
-                small = a * XXt + r * torch.eye(len(X), dtype=X.dtype)  # (p, p)
-                WT = (M.T - a * X.T @ spd_solve(small, X @ M.T, True)) / r  # (D, K)
+        """The scores' (W (K, D), b (K,)) on h - c: kept, caught up on the rows learned since
+        the last answer (``anytime.py``), refit when those rows are gone, when the shift c was
+        set since (the first commit), or when the corrections would pass D / 4 rows."""
+        ans, at = self._answer, (self._gen, self.n_pending, self.n_committed > 0)
+        if ans is not None and ans.at == at:
+            return ans.Wb
+        new = None
+        if ans is not None and ans.kept is not None and ans.at[2] == at[2]:
+            rows = self._rows_since(*ans.at[:2])
+            if rows is not None:
+                H = self._project(rows[0]) - self.shift  # (m, D)
+                new = lda_rows_caught_up(ans, at, len(self.counts), H, rows[1], True,
+                                         self._estimator)
+        if new is None:
+            new = self._refit(at)
+        self._answer = new
+        return new.Wb
+
+    @property
+    def _estimator(self) -> str:
+        return self.shrinkage_estimator
+
+    def _refit(self, at) -> Answer:
+        """A fresh solution: the shrinkage chosen now, S + rho I factorized (rho = r / a), or,
+        while every sample waits and p < D, the solution of the p x p system of the Woodbury
+        identity (a kept solution on rho I with the p rows as corrections)."""
+        Hp, yp, counts, sums = self._totals()
+        M = sums / counts.clamp(min=1)[:, None]  # (K, D) class means of h - c
+        D, n, K = len(self.shift), self.n_committed + len(yp), len(counts)
+        pmax = pmax_for(D)
+        kept = S = None
+        if self.n_committed == 0 and len(yp) < D:  # every sample waits: X (p, D), S = X^T X
+            X = Hp - M[yp]  # deviations from the class means
+            XXt = X @ X.T  # (p, p)
+            trace = float(XXt.trace())
+            a, r, e = self._shrunk(trace, float(XXt.square().sum()), n, D)
+            if a > 0 and r > 0:
+                # Woodbury: (rho I + X^T X)^-1 = (I - X^T (rho I + X X^T)^-1 X) / rho
+                kept = Kept.scaled_identity(r / a, K, D, pmax).caught_up(
+                    X, M, torch.arange(K), None, M, torch.arange(K), pmax=max(pmax, len(yp)))
+        else:
+            S = self._scatter(Hp, yp, counts, sums)
+            trace = float(S.trace())
+            a, r, e = self._shrunk(trace, float(S.square().sum()), n, D)
+            if a > 0 and r > 0:
+                A = S.clone()
+                A.diagonal().add_(r / a)
+                kept = Kept.cholesky(A, M, pmax)
+        if kept is None:  # a = 0: (r I)^-1 (nearest class mean); r = 0: the pseudo-inverse
+            if a == 0:
+                W = M / r
             else:
-                A = self._scatter(Hp, yp, counts, sums)  # S
-                if self.n_committed:
-                    a, r, self._shrinkage = self._shrunk(float(A.trace()),
-                                                         float(A.square().sum()), n, D)
+                A = X.T @ X if S is None else S
                 A.mul_(a).diagonal().add_(r)  # the shrunk covariance a S + r I
-                WT = spd_solve(A, M.T, r > 0)  # (D, K)
-            W = WT.T.contiguous()  # (K, D)
-            # scores on h - c: they differ from those on h by a per-row constant only
-            self._Wb = W, -0.5 * (W * M).sum(1)
-        return self._Wb
+                W = spd_solve(A, M.T, r > 0).T.contiguous()  # (K, D)
+            rho = None
+        else:
+            W, rho = kept.W / a, r / a  # (S + rho I)^-1 = a (a S + r I)^-1
+        # scores on h - c: they differ from those on h by a per-row constant only
+        return Answer(at, M, counts.clone(), n, trace, rho, kept, e, (W, -0.5 * (W * M).sum(1)))
 
     def _shrunk(self, trace: float, frob2: float, n: int, D: int) -> tuple[float, float, float]:
         return shrunk_terms(trace, frob2, n, D, self.shrinkage, self.shrinkage_estimator)
@@ -323,7 +388,7 @@ class RPLDA(Learner):
     def shrinkage_(self) -> float:
         """The shrinkage coefficient of the current prediction rule (``shrinkage`` if fixed)."""
         self._weights()
-        return self._shrinkage
+        return self._answer.shrinkage
 
     def _predict_proba(self, Z: np.ndarray) -> np.ndarray:
         W, b = self._weights()

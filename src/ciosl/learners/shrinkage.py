@@ -44,3 +44,14 @@ def shrunk_terms(trace: float, frob2: float, n: int, d: int, eps: float,
         return 0.0, 1.0, 1.0
     c = oas_shrinkage(trace, frob2, n, d)
     return (1 - c) / n, c * trace / (n * d), c
+
+
+def held_ridge(rho: float, n: int, trace: float, d: int, estimator: str) -> tuple[float, float]:
+    """(a, chosen) for a ridge rho held between refits: a S + r I = a (S + rho I) is the
+    shrunk covariance of ``shrunk_terms`` whose coefficient ``chosen`` gives r / a = rho for
+    the scatter S of n samples with trace ``trace`` now. "fixed": (1 - e) S / n + e I,
+    e = rho / (rho + n); "oas": (1 - c) S / n + c (tr S / (n d)) I, c = rho d / (rho d + tr S).
+    The answer is then exactly LDA with that coefficient."""
+    n = max(n, 1)
+    e = rho / (rho + n) if estimator == "fixed" else rho * d / (rho * d + trace)
+    return (1 - e) / n, e

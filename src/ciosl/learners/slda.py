@@ -16,8 +16,14 @@ and merges them with any statistics already held (Chan et al.'s parallel update)
 
 Prediction: Lambda = ((1 - eps) Sigma + eps I)^-1 with eps = ``shrinkage``, scores
 W z + b with W = mu Lambda (one row per class) and b = -0.5 diag(mu Lambda mu^T),
-``predict_proba`` = softmax(scores). Lambda is recomputed lazily, only when predicting after
-the covariance changed; W, b after any update.
+``predict_proba`` = softmax(scores). Answers at any moment (issue 49, docs/anytime.md): the
+solution is kept between answers and caught up on the rows learned since the last one (the
+scatter's increment as a factor X, S += X^T X, by Woodbury corrections on a Cholesky factor of
+S + rho I; ``anytime.py``), with the ridge rho = r / a of the shrunk covariance a S + r I held
+since the last refit: the answer is exactly LDA with the coefficient ``shrinkage_`` reports.
+It refits (the shrinkage chosen again) when the rows are gone (two commits or more since the
+last answer, a base set, a rollback, a load) or the corrections would pass d / 4 rows; a learn
+never factorizes anything.
 
 ``shrinkage_estimator="oas"`` (the default since issue 38's study on the development streams,
 docs/findings.md) chooses the shrinkage from the stream instead of ``shrinkage``: the Oracle
@@ -44,10 +50,11 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from ciosl.learners.anytime import Answer, lda_refit, lda_rows_caught_up, pmax_for
 from ciosl.learners.base import register
 from ciosl.learners.blocks import BlockMeans
 from ciosl.learners.rplda import add_gram_, symmetric
-from ciosl.learners.shrinkage import SHRINKAGE_ESTIMATORS, check_shrinkage, shrunk_terms
+from ciosl.learners.shrinkage import SHRINKAGE_ESTIMATORS, check_shrinkage
 
 
 @register
@@ -83,9 +90,7 @@ class SLDA(BlockMeans):
         self._invalidate(cov=True)
 
     def _invalidate(self, cov: bool) -> None:
-        self._Wb: tuple[torch.Tensor, torch.Tensor] | None = None
         if cov:
-            self._Lambda: torch.Tensor | None = None
             self._S_total: torch.Tensor | None = None
 
     def _changed(self, cov: bool) -> None:
@@ -136,9 +141,10 @@ class SLDA(BlockMeans):
 
     @property
     def shrinkage_(self) -> float:
-        """The shrinkage coefficient of the current prediction rule (``shrinkage`` if fixed)."""
+        """The shrinkage coefficient of the current prediction rule (``shrinkage`` if fixed,
+        as chosen at the last refit, the ridge held since: ``held_ridge``)."""
         self._weights()
-        return self._shrinkage
+        return self._answer.shrinkage
 
     def _fold(self, Z64, u, inv, m, nu, mu, n) -> None:
         if self.streaming_update or self._in_base:
@@ -153,6 +159,7 @@ class SLDA(BlockMeans):
             self._S, self.n_cov = record["scatter"]
         super()._undo(record, n_classes)
         self._invalidate(cov=True)
+        self._new_generation()
 
     draws_random = False  # no step draws a random number (Learner._draws_random)
     def _fit_base(self, Z: np.ndarray, yi: np.ndarray) -> None:
@@ -168,19 +175,31 @@ class SLDA(BlockMeans):
             self._in_base = False
         self._changed(cov=True)
         self._invalidate(cov=True)
+        self._new_generation()
 
     def _weights(self) -> tuple[torch.Tensor, torch.Tensor]:
-        if self._Lambda is None:
-            S, d = self.scatter, len(self.scatter)  # waiting rows included, as in their count
+        """The scores' (W (K, d), b (K,)) of every sample learned: kept, caught up on the rows
+        learned since the last answer (``anytime.py``), refit when those rows are gone or the
+        corrections since the last refit would pass d / 4 rows."""
+        ans, at = self._answer, (self._gen, self.n_pending)
+        if ans is not None and ans.at == at:
+            return ans.Wb
+        new = None
+        if ans is not None and ans.kept is not None:
+            rows = self._rows_since(*ans.at)
+            if rows is not None:
+                new = self._caught_up(ans, at, *rows)
+        if new is None:
             t = self.n_cov + (self.n_pending if self.streaming_update else 0)
-            a, r, self._shrinkage = shrunk_terms(float(S.trace()), float(S.square().sum()),
-                                                 t, d, self.shrinkage, self.shrinkage_estimator)
-            A = a * S + r * torch.eye(d, dtype=torch.float64)  # the shrunk covariance
-            self._Lambda = torch.linalg.pinv(A, hermitian=True)  # (d, d)
-        if self._Wb is None:
-            W = self.mu @ self._Lambda  # (K, d); Lambda is symmetric
-            self._Wb = W, -0.5 * (W * self.mu).sum(1)  # (K, d), (K,)
-        return self._Wb
+            new = lda_refit(at, self.scatter, self.mu.clone(), self.counts.clone(), t,
+                            self.shrinkage, self.shrinkage_estimator, pmax_for(self.dim_))
+        self._answer = new
+        return new.Wb
+
+    def _caught_up(self, ans: Answer, at, Zr: torch.Tensor, yr: torch.Tensor
+                   ) -> Answer | None:
+        return lda_rows_caught_up(ans, at, len(self.classes_), Zr.double(), yr,
+                                  self.streaming_update, self.shrinkage_estimator)
 
     def _predict_proba(self, Z: np.ndarray) -> np.ndarray:
         W, b = self._weights()
@@ -197,3 +216,4 @@ class SLDA(BlockMeans):
         self._S, self.n_cov = state["scatter"].double().clone(), int(state["n_cov"])
         self._load_block_state(state)
         self._invalidate(cov=True)
+        self._new_generation()
