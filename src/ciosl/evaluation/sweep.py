@@ -42,6 +42,7 @@ leave one complete file. The cells, their fingerprints and their files are in ``
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import heapq
 import multiprocessing
@@ -464,6 +465,10 @@ class _Claims:
         except ClaimedError:
             stack.close()
             return False
+        except OSError as e:  # out of file descriptors (a Ray cluster of thousands of CPUs):
+            if e.errno not in (errno.EMFILE, errno.ENFILE):  # run unclaimed, as before claims
+                raise
+            return True
         self.held[info.cell.id, seed] = stack
         return True
 
