@@ -6,6 +6,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -241,3 +247,125 @@ def test_sweep_extraction_flags_refused_in_one_line(flag, value, fragment, tmp_p
     path = grid_file(tmp_path, 'methods = ["ncm"]\nruns = 1')
     line = one_line_error(*cli(capsys, ["sweep", path, "--dry-run", flag, value]))
     assert fragment in line
+
+
+# ---------------------------------------------------------------------------- two sweeps, one folder
+
+GATED_SWEEP = '''
+import os
+import time
+from pathlib import Path
+
+from ciosl.learners.ncm import NCM
+
+
+class L(NCM):
+    """NCM that, where CIOSL_TEST_GATE names a file, says it started and waits while the file
+    exists: a run that is computing, for as long as the test needs."""
+    name = "{name}"
+
+    def _learn_one(self, z, yi):
+        gate = os.environ.get("CIOSL_TEST_GATE")
+        if gate:
+            Path(gate + ".started").touch()
+            for _ in range(3000):
+                if not Path(gate).exists():
+                    break
+                time.sleep(0.1)
+        super()._learn_one(z, yi)
+'''
+HANG_GUARD = 300  # seconds: only to end a test that would otherwise hang; never asserted on
+
+
+def _summary_counts(stdout: str) -> dict[str, int]:
+    text = " ".join(stdout.split())  # rich may wrap the line
+    counts = {"computed": r"(\d+) computed", "elsewhere": r"(\d+) by another sweep"}
+    return {k: int(m.group(1)) if (m := re.search(p, text)) else 0 for k, p in counts.items()}
+
+
+def _same_numbers(result: dict) -> dict:
+    keys = ("seeds", "omega_all", "final_accuracy", "forgetting", "accuracy_matrix", "settings")
+    return {**{k: result[k] for k in keys},
+            "runs": [{k: r[k] for k in ("accuracy", "accuracy_offline", "omega_all")}
+                     for r in result["runs"]]}
+
+
+@pytest.mark.parametrize("holder, first_computes, second_computes", [
+    # the first sweep finishes the run it claimed: the second takes its file and computes the rest
+    ("finishes", 1, 3),
+    # the first sweep is killed in the middle of its run: the kernel drops its claim and the
+    # second sweep computes that run itself
+    ("killed", None, 4),
+])
+def test_two_sweeps_of_one_folder_compute_each_run_once(holder, first_computes, second_computes,
+                                                        tmp_path, capsys):
+    """Two ``ciosl sweep`` of one grid into one folder split the runs: a run another live sweep
+    has claimed is left to it and its file is taken when it appears (a crashed holder's run is
+    computed), so every run is computed once and the results equal a single sweep's. Before,
+    the second sweep computed all four runs again (8 computations)."""
+    module = f"gated_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{module}.py").write_text(GATED_SWEEP.format(name=module))
+    body = (f'methods = ["{module}:L", "ncm"]\nruns = 2\noffline_epochs = 1\n')
+    grid = grid_file(tmp_path, body)
+    gate = tmp_path / "gate"
+    gate.touch()
+    src = str(Path(experiment.__file__).parents[2])
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), src])}
+    env.pop("CIOSL_TEST_GATE", None)
+    command = [sys.executable, "-m", "ciosl", "sweep", grid, "--workers", "1"]
+    # the first sweep claims its first run (cell 0, seed 0) and waits inside it at the gate
+    first = subprocess.Popen(command, env={**env, "CIOSL_TEST_GATE": str(gate)},
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    second = None
+    try:
+        for _ in range(HANG_GUARD * 10):
+            if Path(f"{gate}.started").exists() or first.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert first.poll() is None, first.communicate()
+        second = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
+        # the second sweep computes the three runs nobody holds, then waits for the fourth
+        runs = tmp_path / "out" / "runs"
+        for _ in range(HANG_GUARD * 10):
+            if len(list(runs.glob("*/seed-*.json"))) >= 3 or second.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert second.poll() is None, second.communicate()
+        if holder == "killed":
+            first.send_signal(signal.SIGKILL)
+        gate.unlink()
+        out2, err2 = second.communicate(timeout=HANG_GUARD)
+        out1, err1 = first.communicate(timeout=HANG_GUARD)
+    finally:
+        for proc in (first, second):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    assert second.returncode == 0, err2
+    counts2 = _summary_counts(out2)
+    assert counts2 == {"computed": second_computes, "elsewhere": 4 - second_computes}, out2
+    if first_computes is None:
+        assert first.returncode == -signal.SIGKILL
+        computed = counts2["computed"]
+    else:
+        assert first.returncode == 0, err1
+        counts1 = _summary_counts(out1)
+        assert counts1 == {"computed": first_computes, "elsewhere": 4 - first_computes}, out1
+        computed = counts1["computed"] + counts2["computed"]
+    assert computed == 4  # each of the grid's 4 runs once
+    assert not list((tmp_path / "out").rglob(".*.lock"))  # every claim is gone with its run
+    # the same grid by one sweep alone, into another folder: the same numbers
+    single = tmp_path / "single.toml"
+    single.write_text(Path(grid).read_text().replace(f'"{tmp_path}/out"', f'"{tmp_path}/single"'))
+    sys.path.insert(0, str(tmp_path))  # the gated learner's module
+    try:
+        assert main(["sweep", str(single), "--workers", "1"]) == 0, capsys.readouterr().err
+    finally:
+        sys.path.remove(str(tmp_path))
+    shared = sorted((tmp_path / "out").glob("*.json"))
+    alone = sorted((tmp_path / "single").glob("*.json"))
+    assert [p.name for p in shared] == [p.name for p in alone] and len(shared) == 2
+    for a, b in zip(shared, alone, strict=True):
+        assert _same_numbers(json.loads(a.read_text())) == _same_numbers(json.loads(b.read_text()))

@@ -3,6 +3,7 @@ exactly ``run_experiment``'s results, resuming, shared caches."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -24,6 +25,7 @@ from ciosl.evaluation.experiment import (
 from ciosl.evaluation.grid import GridError, load_grid, parse_grid, spec_fields, tomllib
 from ciosl.evaluation.protocol import offline_accuracy
 from ciosl.evaluation.sweep import plan, prepare, result_file, run_file, run_sweep
+from ciosl.fileio import claim
 from ciosl.learners.ciosl import CIOSL
 from ciosl.learners.tinyer import TinyER
 
@@ -508,3 +510,71 @@ def test_a_result_written_before_a_setting_existed_is_the_same_experiment(tmp_pa
     with pytest.raises(ValueError, match='shrinkage_estimator: "fixed" there, "oas" here'):
         check_overwrite(path, {**old, "settings": {**old["settings"],
                                                    "shrinkage_estimator": "oas"}})
+
+
+class _Holder:
+    """Another process's claim on a run file, as a sweep sees it (an flock from another open
+    file: two opens conflict even in one process), let go by ``action`` once the sweep has
+    finished one of its own runs."""
+
+    def __init__(self, path: Path, action: str, finished: Path):
+        self.path, self.action, self.finished = path, action, finished
+        self.stack = contextlib.ExitStack()
+        self.stack.enter_context(claim(path, "pid 1, another sweep"))
+        self.done_here: list[int] = []
+
+    def update(self, status) -> None:
+        pass
+
+    def run_done(self, cell, seed, run, seconds) -> None:
+        self.done_here.append(seed)
+        if self.action == "writes its run":  # the holder finishes: its file, then its lock
+            self.path.write_bytes(self.finished.read_bytes())
+        self.stack.close()  # ended: with its file, or without it (crashed)
+
+    def run_failed(self, cell, seed, error) -> None:
+        raise AssertionError(error)
+
+    def cell_done(self, cell, result) -> None:
+        pass
+
+
+@pytest.mark.parametrize("action, computed, elsewhere", [
+    ("writes its run", [1], 1),  # taken from its file, not computed again
+    ("ends without it", [1, 0], 0),  # a crashed holder: the sweep computes the run itself
+])
+def test_a_run_claimed_by_another_sweep_is_left_to_it(tmp_path, action, computed, elsewhere):
+    text = (f'name = "one"\nout = "{tmp_path}/out"\ncache = "{tmp_path}/cache"\n'
+            'datasets = ["digits"]\norderings = ["class_iid"]\nmethods = ["ncm"]\n'
+            'seeds = [0, 1]\nlimit_per_class = 12\noffline_epochs = 1\n')
+    alone = load_grid(write_grid(tmp_path, text.replace("/out", "/alone"), "alone.toml"))
+    run_sweep(alone, workers=1)  # the same grid, one sweep alone: what the holder writes
+    grid = load_grid(write_grid(tmp_path, text))
+    path = run_file(grid.out, grid.cells[0], 0)
+    path.parent.mkdir(parents=True)
+    holder = _Holder(path, action, run_file(alone.out, alone.cells[0], 0))
+    summary = run_sweep(grid, workers=1, monitor=holder)
+    assert holder.done_here == computed  # seed 0 waited for its holder
+    assert (summary.computed, summary.elsewhere, summary.failed) == (len(computed), elsewhere, [])
+    assert (comparable(json.loads(result_file(grid.out, grid.cells[0]).read_text()))
+            == comparable(json.loads(result_file(alone.out, alone.cells[0]).read_text())))
+    assert not list(grid.out.rglob(".*.lock"))
+
+
+def test_a_sweep_out_of_file_descriptors_runs_unclaimed(tmp_path, monkeypatch):
+    """A driver that cannot open one more lock file (a Ray cluster of thousands of CPUs past
+    ``ulimit -n``) runs its runs unclaimed, as sweeps did before claims, rather than failing."""
+    import errno
+
+    from ciosl.evaluation import sweep
+
+    def no_descriptors(path, holder):
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(sweep, "claim", no_descriptors)
+    grid = load_grid(write_grid(tmp_path, (
+        f'name = "one"\nout = "{tmp_path}/out"\ncache = "{tmp_path}/cache"\n'
+        'datasets = ["digits"]\norderings = ["class_iid"]\nmethods = ["ncm"]\n'
+        'seeds = [0, 1]\nlimit_per_class = 12\noffline_epochs = 1\n')))
+    summary = run_sweep(grid, workers=1)
+    assert (summary.computed, summary.elsewhere, summary.failed) == (2, 0, [])

@@ -25,6 +25,13 @@ a change in the data or the extractor. The Omega_all definition (``omega_events`
 not part of the fingerprint: a cell's Omega_all is computed from its runs' per-event accuracies
 when its result is written, so changing it rewrites the results without re-running anything.
 
+Each run is claimed before it is submitted: a lock on its run file (``fileio.claim``), held by
+the driver until the file is written. A second sweep of the same folder leaves a claimed run to
+its holder and, once its own work is started, looks again: the holder's file counts as finished
+(``SweepSummary.elsewhere``), and a run whose holder died without writing it (the kernel drops
+its lock) is computed. So two sweeps of one folder split the runs. With Ray the claim is the
+driver's, wherever the task runs.
+
 Feature caches and offline references live in the cache folder (``cache`` in the grid, else
 ``$CIOSL_CACHE`` or ``~/.cache/ciosl``) and are written atomically (unique temporary file, then
 rename): workers and machines that share the folder share them, and two writers of the same entry
@@ -35,6 +42,7 @@ leave one complete file. The cells, their fingerprints and their files are in ``
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import heapq
 import multiprocessing
@@ -83,9 +91,11 @@ from ciosl.evaluation.sweep_cells import (  # noqa: F401
     write_result,
 )
 from ciosl.fileio import (
+    ClaimedError,
     atomic_write_bytes,
     atomic_write_json,
     check_writable,
+    claim,
     read_json,
     read_text,
 )
@@ -100,6 +110,7 @@ class Status:
     runs: int  # runs in the grid
     skipped: int  # finished before this sweep started
     done: int = 0  # finished by this sweep
+    elsewhere: int = 0  # finished meanwhile by another sweep of the same folder
     failed: int = 0
     running: int = 0
     offline: int = 0  # offline tasks (one per stream with runs left)
@@ -109,7 +120,8 @@ class Status:
 
     @property
     def left(self) -> int:
-        return self.runs - self.skipped - self.done - self.failed - self.running
+        return (self.runs - self.skipped - self.done - self.elsewhere - self.failed
+                - self.running)
 
 
 class Monitor(Protocol):
@@ -126,6 +138,7 @@ class SweepSummary:
     runs: int
     skipped: int
     computed: int
+    elsewhere: int = 0  # runs another sweep of the folder finished while this one ran
     failed: list[dict] = field(default_factory=list)  # {"cell", "seed", "error"}
     results: list[str] = field(default_factory=list)  # aggregate JSONs written by this sweep
     wall_seconds: float = 0.0
@@ -432,6 +445,47 @@ def _cell_done(grid: Grid, out: Path, info: CellInfo, monitor: Monitor | None,
     return result["path"]
 
 
+class _Claims:
+    """The runs this sweep is computing, each claimed by a lock on its run file (``claim``: an
+    flock on ``runs/<cell>/.seed-N.json.lock``, held by the driver from the run's submission
+    until its file is written; the kernel releases it when the driver ends, however it ends), so
+    that two sweeps of one folder split the runs instead of computing each twice."""
+
+    def __init__(self, out: Path):
+        self.out = out
+        self.held: dict[tuple[str, int], contextlib.ExitStack] = {}
+
+    def take(self, info: CellInfo, seed: int) -> bool:
+        """Claim the run; False while another process holds it."""
+        path = run_file(self.out, info.cell, seed)
+        stack = contextlib.ExitStack()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            stack.enter_context(claim(path, f"pid {os.getpid()}, a sweep"))
+        except ClaimedError:
+            stack.close()
+            return False
+        except OSError as e:  # out of file descriptors (a Ray cluster of thousands of CPUs):
+            if e.errno not in (errno.EMFILE, errno.ENFILE):  # run unclaimed, as before claims
+                raise
+            return True
+        self.held[info.cell.id, seed] = stack
+        return True
+
+    def release(self, info: CellInfo, seed: int) -> None:
+        stack = self.held.pop((info.cell.id, seed), None)
+        if stack is not None:
+            stack.close()
+
+    def close(self) -> None:
+        for stack in self.held.values():
+            stack.close()
+        self.held.clear()
+
+
+RECHECK_SECONDS = 0.5  # how often a sweep with nothing else to do looks at others' claimed runs
+
+
 def _drive(grid: Grid, out: Path, streams: dict[tuple, _Stream], status: Status,
            summary: SweepSummary, executor: str, workers: int | None, address: str | None,
            monitor: Monitor | None, force: bool = False) -> None:
@@ -453,20 +507,54 @@ def _drive(grid: Grid, out: Path, streams: dict[tuple, _Stream], status: Status,
     in_flight: dict[Any, tuple[str, Any, float]] = {}
     run_seconds: list[float] = []
     offline_seconds: list[float] = []
+    # runs that another process (a second sweep of this folder) had claimed when this one came
+    # to them: looked at again once this sweep has started all its own work; the holder's file
+    # counts as finished here, and a run whose holder ended without one is computed here
+    claims = _Claims(out)
+    deferred: list[tuple[int, int, CellInfo]] = []
+
+    def finished(info: CellInfo, seed: int) -> None:
+        left[info.cell.id].discard(seed)
+        if not left[info.cell.id]:
+            summary.results.append(_cell_done(grid, out, info, monitor, force))
+
+    def elsewhere(info: CellInfo, seed: int) -> None:
+        summary.elsewhere += 1
+        status.elsewhere += 1
+        finished(info, seed)
+
     cancel = True
     try:
-        while offline_queue or run_queue or in_flight:
+        while offline_queue or run_queue or in_flight or deferred:
+            if deferred and not run_queue and not offline_queue:
+                for entry in deferred:  # back in the queue: claimed again below, or deferred
+                    if _finished(out, entry[2], entry[1]) is not None:
+                        elsewhere(entry[2], entry[1])
+                    else:
+                        heapq.heappush(run_queue, entry)
+                deferred = []
             while len(in_flight) < ex.workers and (offline_queue or run_queue):
                 if offline_queue:
                     stream = offline_queue.popleft()
                     handle = ex.submit("offline", stream.exp, stream.seed)
                     in_flight[handle] = ("offline", stream, time.time())
                 else:
-                    _, seed, info = heapq.heappop(run_queue)
+                    entry = heapq.heappop(run_queue)
+                    _, seed, info = entry
+                    if not claims.take(info, seed):  # another sweep computes it right now
+                        deferred.append(entry)
+                        continue
+                    if _finished(out, info, seed) is not None:  # another sweep just did
+                        claims.release(info, seed)
+                        elsewhere(info, seed)
+                        continue
                     handle = ex.submit("run", info.exp, seed,
                                        reference.get((info.cell.id, seed)))
                     in_flight[handle] = ("run", (info, seed), time.time())
-            for handle, value, error in ex.wait(list(in_flight), timeout=0.5):
+            if not in_flight:  # only others' claimed runs are left: wait for them
+                time.sleep(RECHECK_SECONDS if deferred else 0)
+            for handle, value, error in (ex.wait(list(in_flight), timeout=0.5)
+                                         if in_flight else []):
                 kind, item, _ = in_flight.pop(handle)
                 if kind == "offline":
                     status.offline_done += 1
@@ -484,6 +572,7 @@ def _drive(grid: Grid, out: Path, streams: dict[tuple, _Stream], status: Status,
                     error = (f"the worker's features ({value['features']}) differ from the "
                              f"driver's ({info.fs.key}): different data or cache on that machine")
                 if error is not None:
+                    claims.release(info, seed)  # another sweep may try it
                     _failed(summary, status, monitor, info, seed, error)
                     continue
                 atomic_write_json(run_file(out, info.cell, seed), {
@@ -492,14 +581,13 @@ def _drive(grid: Grid, out: Path, streams: dict[tuple, _Stream], status: Status,
                     "settings_fingerprint": info.settings_fingerprint,
                     "wall_seconds": value["wall_seconds"],
                     "run": value["run"]})
+                claims.release(info, seed)  # written: another sweep now finds it finished
                 summary.computed += 1
                 status.done += 1
                 run_seconds.append(value["wall_seconds"])
                 if monitor is not None:
                     monitor.run_done(info.cell, seed, value["run"], value["wall_seconds"])
-                left[info.cell.id].discard(seed)
-                if not left[info.cell.id]:
-                    summary.results.append(_cell_done(grid, out, info, monitor, force))
+                finished(info, seed)
             kinds = [k for k, _, _ in in_flight.values()]
             status.running, status.offline_running = kinds.count("run"), kinds.count("offline")
             status.eta = _eta(status, ex.workers, run_seconds, offline_seconds,
@@ -509,6 +597,7 @@ def _drive(grid: Grid, out: Path, streams: dict[tuple, _Stream], status: Status,
         cancel = False
     finally:
         ex.close(cancel, list(in_flight))
+        claims.close()
 
 
 def _failed(summary: SweepSummary, status: Status, monitor: Monitor | None, info: CellInfo,

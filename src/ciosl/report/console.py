@@ -254,16 +254,19 @@ class SweepMonitor:
                 self.last = now
                 eta = f", {_duration(s.eta)}" if s.left + s.running else ""
                 err_console.print(
-                    f"sweep: {s.skipped + s.done + s.failed} / {s.runs} runs "
+                    f"sweep: {s.skipped + s.done + s.elsewhere + s.failed} / {s.runs} runs "
                     f"({s.running} running, {s.left} left"
                     + (f", {s.skipped} done before" if s.skipped else "")
+                    + (f", {s.elsewhere} by another sweep" if s.elsewhere else "")
                     + (f", {s.failed} failed" if s.failed else "")
                     + f"), {_clock(now - self.start)} elapsed{eta}", highlight=False,
                     soft_wrap=True)
             return
-        self.bar.update(self.runs, total=s.runs, completed=s.skipped + s.done + s.failed,
+        self.bar.update(self.runs, total=s.runs,
+                        completed=s.skipped + s.done + s.elsewhere + s.failed,
                         info=f"{s.running} running, {s.left} left"
                              + (f", {s.skipped} done before" if s.skipped else "")
+                             + (f", {s.elsewhere} by another sweep" if s.elsewhere else "")
                              + (f", [red]{s.failed} failed[/]" if s.failed else ""),
                         eta=_duration(s.eta) if s.left + s.running else "")
         self.bar.update(self.offline, total=s.offline, completed=s.offline_done,
@@ -305,7 +308,9 @@ def print_sweep_plan(grid, rows) -> None:
 def print_sweep_summary(summary) -> None:
     console.print(
         f"sweep: {summary.cells} cells, {summary.runs} runs: {summary.computed} computed, "
-        f"{summary.skipped} already done, {len(summary.failed)} failed, "
+        f"{summary.skipped} already done, "
+        + (f"{summary.elsewhere} by another sweep of the folder, " if summary.elsewhere else "")
+        + f"{len(summary.failed)} failed, "
         f"{summary.wall_seconds:.0f} s; results in {summary.out}")
     for f in summary.failed:
         err_console.print(f"[red]failed:[/] {f['cell']} seed {f['seed']}: {f['error']}",
