@@ -100,6 +100,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="skip the offline reference learner: accuracies only, no Omega_all "
                      "(the report lists such results apart, never in an Omega_all column; "
                      "default: train it)")
+    run.add_argument("--open-set", action="store_true",
+                     help="the open-set protocol: at each testing event the test samples of "
+                     "the classes not learned yet are novel; record the AUROC and AUOSC of "
+                     "the method's novelty score (default: off)")
     run.add_argument("--out", default="results", help="folder for the result JSON")
     _cache_and_data_options(run)
     run.add_argument("--quiet", action="store_true", help="no per-event tables (default: "
@@ -264,7 +268,8 @@ def main(argv: list[str] | None = None) -> int:
                 data_root=args.data, checkpoint_every=args.checkpoint_every, resume=args.resume,
                 regime=args.regime, batch_size=args.batch_size, epochs=args.epochs,
                 omega_events=args.omega_events, force=args.force, device=args.device,
-                max_events=args.max_events, offline_reference=args.offline_reference)
+                max_events=args.max_events, offline_reference=args.offline_reference,
+                open_set=args.open_set)
             try:
                 with out.sample_progress(f"{args.method} {args.dataset}/{args.ordering}") as (
                         on_start, on_progress):

@@ -42,10 +42,15 @@ class Ordering:
     class_order: tuple[int, ...]  # seed-permuted class order (class orderings), else sorted
 
     def test_mask(self, test_y: np.ndarray, t: int) -> np.ndarray:
-        """Which test samples are scored at event t."""
-        if self.event_classes is None:
-            return np.ones(len(test_y), dtype=bool)
-        return np.isin(test_y, self.event_classes[t])
+        """Which test samples are scored at event t: those of the classes learned by then
+        (class orderings: the steps so far; iid and instance: every class of the training set;
+        a test label that no training sample has, e.g. Stream-51's novel images, is never
+        scored for accuracy, only as novel by the open-set protocol)."""
+        return np.isin(test_y, self.known(t))
+
+    def known(self, t: int) -> tuple[int, ...]:
+        """The classes learned by event t; a test sample of any other class is novel there."""
+        return self.class_order if self.event_classes is None else self.event_classes[t]
 
     def seen(self, t: int) -> np.ndarray:
         """Training indices learned by event t (base init + stream prefix)."""

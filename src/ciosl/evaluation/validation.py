@@ -50,6 +50,7 @@ class ExperimentSpec:
     # and the offline reference (ciosl.data.runtime.resolve_device)
     max_events: int | None = None  # at most this many testing events, evenly spaced (None: all)
     offline_reference: bool = True  # False: no offline reference, hence no Omega_all
+    open_set: bool = False  # the open-set protocol: AUROC / AUOSC of novelty_score per event
 
 
 MAX_RUNS = 10_000  # runs per cell: far beyond any protocol, and a bound on what is allocated
