@@ -211,3 +211,31 @@ def test_a_test_label_no_training_sample_has_is_novel_never_scored():
             mask = o.test_mask(test_y, t)
             assert not mask[4:].any()
             assert set(test_y[mask]) == set(o.known(t)) & set(test_y)
+
+
+def test_run_open_set_writes_per_event_scores_and_the_report_shows_them(tmp_path, capsys):
+    from helpers import cli, run_args
+
+    for method in ("ncm", "tinyer"):
+        rc, err = cli(capsys, run_args(tmp_path, "--open-set", "--seeds", "0,1",
+                                       method=method))
+        assert rc == 0, err
+    paths = sorted((tmp_path / "out").glob("*open_set=on*.json"))
+    assert len(paths) == 2
+    for p in paths:
+        result = json.loads(p.read_text())
+        assert result["protocol"]["open_set"] is True
+        for run in result["runs"]:
+            rec = run["open_set"]
+            assert len(rec["auroc"]) == len(run["events"]) and rec["auroc"][-1] is None
+        per_run = [np.mean([v for v in r["open_set"]["auroc"] if v is not None])
+                   for r in result["runs"]]
+        assert result["open_set"]["auroc"]["mean"] == pytest.approx(np.mean(per_run))
+    rc, err = cli(capsys, ["report", str(tmp_path / "out")])
+    assert rc == 0, err
+    text = (tmp_path / "out" / "report.md").read_text()
+    section = text.split("## Open set: AUROC of the method's novelty score")[1].split("##")[0]
+    ncm = json.loads(next(p for p in paths if "_ncm_" in p.name).read_text())["open_set"]
+    assert f"{ncm['auroc']['mean']:.4f}" in section
+    assert "Euclidean distance to the nearest class mean" in section
+    assert "## Open set: AUROC of 1 − max probability" in text
