@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ciosl.data.orderings import ORDERINGS
+from ciosl.data.orderings import OFFICIAL, ORDERINGS
 from ciosl.errors import EXPECTED, INTERRUPTED_RUN, clip_line, echo, message, show_traceback
 from ciosl.evaluation.metrics import OMEGA_EVENTS
 
@@ -70,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="stream a dataset through a method and report Omega_all")
     run.add_argument("--dataset", default="digits", help="dataset name (see `ciosl datasets`) "
                      "or features:PATH.npz (default: digits)")
-    run.add_argument("--ordering", default="class_iid", choices=ORDERINGS,
+    run.add_argument("--ordering", default="class_iid", choices=ORDERINGS + OFFICIAL,
                      help="order of the stream: iid, class_iid (classes in steps), instance, "
                      "class_instance (temporally ordered object instances; video datasets)")
     run.add_argument("--method", required=True, help="method name (see `ciosl methods`) or "

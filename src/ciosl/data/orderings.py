@@ -9,7 +9,7 @@ the rest arrive, and the testing events:
   the first step's classes; then each step's samples, shuffled, one step after the other.
 - ``instance``: a random ``base_fraction`` for base init; the rest in temporally ordered chunks
   of ``chunk`` (50) frames per object instance, round-robin over the instances (seed-permuted)
-  until every instance is exhausted.
+  until every instance is exhausted; ``chunk=None`` plays each instance's video whole.
 - ``class_instance``: as class_iid, but inside a step whole classes come one after the other,
   and inside a class instance after instance (seed-permuted), frames in temporal order.
 
@@ -29,6 +29,9 @@ import numpy as np
 
 ORDERINGS = ("iid", "class_iid", "instance", "class_instance")
 TEMPORAL = ("instance", "class_instance")
+# CORe50's official scenarios (data/streams.py ``official_ordering``): only datasets that ship
+# their batches accept them
+OFFICIAL = ("ni", "nc", "nic")
 
 
 @dataclass(frozen=True)
@@ -58,8 +61,9 @@ class Ordering:
 
 
 def check_kind(kind: str) -> str:
-    if kind not in ORDERINGS:
-        raise ValueError(f"unknown ordering {kind!r}; valid choices: {', '.join(ORDERINGS)}")
+    if kind not in ORDERINGS + OFFICIAL:
+        raise ValueError(f"unknown ordering {kind!r}; valid choices: "
+                         f"{', '.join(ORDERINGS + OFFICIAL)}")
     return kind
 
 
@@ -117,10 +121,13 @@ def make_ordering(
     classes_per_step: int,
     instances: np.ndarray | None = None,
     frames: np.ndarray | None = None,
-    chunk: int = 50,
+    chunk: int | None = 50,
     max_events: int | None = None,
 ) -> Ordering:
     check_kind(kind)
+    if kind in OFFICIAL:
+        raise ValueError(f"the {kind!r} ordering is CORe50's official scenario: its batches "
+                         "come from the dataset's LUP.pkl (data.streams.official_ordering)")
     labels = np.asarray(labels)
     n = len(labels)
     if n < 2:
@@ -145,6 +152,8 @@ def make_ordering(
         else:
             by_inst = _temporal(np.sort(rest), instances, frames)
             order = rng.permutation(list(by_inst))
+            if chunk is None:  # whole videos, one after another
+                chunk = max((len(v) for v in by_inst.values()), default=1)
             parts, r = [], 0
             while True:
                 round_parts = [by_inst[i][r * chunk : (r + 1) * chunk] for i in order]

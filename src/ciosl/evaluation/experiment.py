@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 import ciosl
-from ciosl.data.orderings import Ordering, limit_per_class, make_ordering
+from ciosl.data.orderings import OFFICIAL, Ordering, limit_per_class, make_ordering
 from ciosl.data.runtime import resolve_device
 from ciosl.data.types import DatasetSpec, FeatureSet
 from ciosl.errors import is_out_of_memory, out_of_memory, shown
@@ -127,10 +127,20 @@ def offline_settings(exp: ExperimentSpec, spec: DatasetSpec) -> OfflineSettings:
 
 
 def stream_ordering(exp: ExperimentSpec, spec: DatasetSpec, fs: FeatureSet, seed: int) -> Ordering:
-    """The base-init indices, stream and testing events of one run."""
+    """The base-init indices, stream and testing events of one run (CORe50's official
+    scenarios: its run ``seed``'s batches, read from the dataset's LUP.pkl)."""
+    if exp.ordering in OFFICIAL:
+        from ciosl.data.streams import official_ordering
+
+        if exp.limit_per_class is not None:
+            raise ValueError(f"--limit-per-class cannot be used with CORe50's official "
+                             f"{exp.ordering!r} batches (they list every frame)")
+        return official_ordering(exp.data_root, exp.ordering, seed,
+                                 categories=exp.dataset == "core50-cat",
+                                 max_events=exp.max_events)
     return make_ordering(exp.ordering, fs.train_y, seed=seed, base_fraction=spec.base_fraction,
                          classes_per_step=spec.classes_per_step, instances=fs.train_instance,
-                         frames=fs.train_frame, max_events=exp.max_events)
+                         frames=fs.train_frame, max_events=exp.max_events, chunk=spec.chunk)
 
 
 def offline_curve(fs: FeatureSet, ordering: Ordering, offline: OfflineSettings,
