@@ -293,3 +293,19 @@ def test_core50_runs_through_the_cli_on_official_and_ciosl_orderings(tmp_path, c
         for run in result["runs"]:
             sizes = [len(b) for b in lup[ordering][run["seed"]][:-1]]
             assert run["n_base"] == sizes[0] and run["n_stream"] == sum(sizes[1:])
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--dataset", "digits", "--ordering", "nc"],
+     "dataset 'digits' does not support the 'nc' ordering"),
+    (["--dataset", "core50", "--ordering", "ni", "--limit-per-class", "5"],
+     "--limit-per-class cannot be used with CORe50's official 'ni' batches"),
+])
+def test_official_orderings_are_refused_where_they_do_not_apply(tmp_path, capsys, argv,
+                                                                message):
+    from helpers import one_line_error
+
+    rc, err = cli(capsys, ["run", *argv, "--method", "ncm", "--data", str(tmp_path),
+                           "--out", str(tmp_path / "out"), "--cache", str(tmp_path / "c")])
+    assert message in one_line_error(rc, err)
+    assert not (tmp_path / "out").exists()

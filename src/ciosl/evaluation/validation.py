@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ciosl.data.orderings import check_kind
+from ciosl.data.orderings import OFFICIAL, check_kind
 from ciosl.data.runtime import resolve_device
 from ciosl.data.types import DatasetSpec
 from ciosl.errors import echo, shown
@@ -182,6 +182,9 @@ def validate(exp: ExperimentSpec) -> tuple[DatasetSpec, type[Learner], dict[str,
             f"dataset {echo(exp.dataset)} does not support the {exp.ordering!r} ordering; valid "
             f"choices: {', '.join(spec.orderings)}"
         )
+    if exp.ordering in OFFICIAL and exp.limit_per_class is not None:
+        raise ValueError(f"--limit-per-class cannot be used with CORe50's official "
+                         f"{exp.ordering!r} batches (they list every frame)")
     if exp.extractor is not None:
         parse_extractor(exp.extractor)
     resolve_device(exp.device)  # an unknown or absent device is named before any work
