@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 
 import numpy as np
@@ -239,3 +240,18 @@ def test_run_open_set_writes_per_event_scores_and_the_report_shows_them(tmp_path
     assert f"{ncm['auroc']['mean']:.4f}" in section
     assert "Euclidean distance to the nearest class mean" in section
     assert "## Open set: AUROC of 1 − max probability" in text
+
+
+def test_an_interrupted_open_set_run_resumes_to_the_same_record(fs):
+    """The open-set record is part of the resumable state: a run resumed from a checkpoint in
+    the middle of the stream records what the uninterrupted run records."""
+    o = make_ordering("class_iid", fs.train_y, seed=1, base_fraction=0.1, classes_per_step=2)
+    whole = run_stream(make_learner("slda", seed=1), fs, o, open_set=True)
+    saved = []
+    run_stream(make_learner("slda", seed=1), fs, o, open_set=True, checkpoint_every=300,
+               on_checkpoint=lambda s: saved.append(copy.deepcopy(s)))  # as written to disk
+    middle = next(s for s in saved if 0 < len(s["open_set"]) < len(o.events) - 1)
+    resumed = run_stream(make_learner("slda", seed=1), fs, o, open_set=True,
+                         checkpoint_every=300, on_checkpoint=lambda s: None, resume=middle)
+    assert resumed["open_set"] == whole["open_set"]
+    assert resumed["accuracy"] == whole["accuracy"]
