@@ -309,3 +309,24 @@ def test_official_orderings_are_refused_where_they_do_not_apply(tmp_path, capsys
                            "--out", str(tmp_path / "out"), "--cache", str(tmp_path / "c")])
     assert message in one_line_error(rc, err)
     assert not (tmp_path / "out").exists()
+
+
+def test_ciosl_datasets_lists_both_with_where_to_get_them_and_finds_them(tmp_path, capsys,
+                                                                        monkeypatch):
+    from ciosl.cli import main
+
+    monkeypatch.setenv("CIOSL_DATA", str(tmp_path))
+    assert main(["datasets"]) == 0
+    out = capsys.readouterr().out
+    for name, where in (("stream51", "tyler-hayes.github.io/stream51"),
+                        ("core50", "vlomonaco.github.io/core50"),
+                        ("core50-cat", "vlomonaco.github.io/core50")):
+        line = next(x for x in out.splitlines() if x.startswith(f"{name}: present"))
+        assert "present no" in line
+        assert where in " ".join(out.split())  # its how-to-get line names the source
+    write_stream51(tmp_path / "stream51")
+    write_core50(tmp_path / "core50")
+    assert main(["datasets"]) == 0
+    out = capsys.readouterr().out
+    for name in ("stream51", "core50", "core50-cat"):
+        assert f"{name}: present yes" in out
