@@ -61,7 +61,8 @@ def test_specs_follow_the_protocol_table():
     assert set(ds.DATASETS) == {"digits", "fashion-mnist", "cifar10", "cifar100", "imagenet100",
                                 "icubworld1", "digits-video", "digits-video-28",
                                 "fashion-mnist-video", "digits-instances",
-                                "fashion-mnist-instances"}
+                                "fashion-mnist-instances", "stream51", "core50",
+                                "core50-cat"}
     table = {"cifar10": (0.02, 2, 1000), "cifar100": (0.10, 10, 1000),
              "imagenet100": (0.10, 10, 1000), "icubworld1": (0.10, 2, 180),
              "fashion-mnist": (0.02, 2, 1000), "digits": (0.10, 2, 100),

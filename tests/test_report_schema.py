@@ -191,7 +191,7 @@ BAD_RESULTS = [
     ("matrix-above-1", {"accuracy_matrix.0.0": 1.5},
      "accuracy_matrix[0][0] must be a number in [0, 1], got 1.5"),
     ("unknown-ordering", {"ordering": "sideways"},
-     "ordering must be one of iid, class_iid, instance, class_instance, got 'sideways'"),
+     "ordering must be one of iid, class_iid, instance, class_instance, ni, nc, nic, got 'sideways'"),
     ("empty-method", {"method": " "}, "method must not be empty, got ' '"),
     ("negative-limit", {"limit_per_class": -1},
      "limit_per_class must be an integer >= 0, got -1"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ciosl.data.orderings import ORDERINGS
+from ciosl.data.orderings import OFFICIAL, ORDERINGS
 from ciosl.errors import EXPECTED, INTERRUPTED_RUN, clip_line, echo, message, show_traceback
 from ciosl.evaluation.metrics import OMEGA_EVENTS
 
@@ -94,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="stream a dataset through a method and report Omega_all")
     run.add_argument("--dataset", default="digits", help="dataset name (see `ciosl datasets`) "
                      "or features:PATH.npz (default: digits)")
-    run.add_argument("--ordering", default="class_iid", choices=ORDERINGS,
+    run.add_argument("--ordering", default="class_iid", choices=ORDERINGS + OFFICIAL,
                      help="order of the stream: iid, class_iid (classes in steps), instance, "
                      "class_instance (temporally ordered object instances; video datasets)")
     run.add_argument("--method", required=True, help="method name (see `ciosl methods`) or "
@@ -124,6 +124,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="skip the offline reference learner: accuracies only, no Omega_all "
                      "(the report lists such results apart, never in an Omega_all column; "
                      "default: train it)")
+    run.add_argument("--open-set", action="store_true",
+                     help="the open-set protocol: at each testing event the test samples of "
+                     "the classes not learned yet are novel; record the AUROC and AUOSC of "
+                     "the method's novelty score (default: off)")
     run.add_argument("--out", default="results", help="folder for the result JSON")
     _cache_and_data_options(run)
     run.add_argument("--quiet", action="store_true", help="no per-event tables (default: "
@@ -333,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
                 omega_events=args.omega_events, force=args.force, device=args.device,
                 max_events=args.max_events, offline_reference=args.offline_reference,
                 backend=args.backend, extract_threads=args.threads, mean=args.mean,
-                std=args.std, layer=args.layer)
+                std=args.std, layer=args.layer, open_set=args.open_set)
             try:
                 with out.sample_progress(f"{args.method} {args.dataset}/{args.ordering}") as (
                         on_start, on_progress):

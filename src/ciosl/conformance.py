@@ -279,6 +279,28 @@ def check_state_round_trip(cls, settings) -> None:
     np.testing.assert_array_equal(restored.predict_proba(Zt), learner.predict_proba(Zt))
 
 
+def check_novelty_score(cls, settings) -> None:
+    """(6b) ``novelty_score`` answers one finite score per row, the same twice, and only reads:
+    predictions and continued learning are those of a twin that never called it (how well it
+    finds novel classes is a measurement, not a check: 1 - max probability may well rank a far
+    class as less novel)."""
+    Zb, yb, Zs, ys = class_stream()
+    Zt, _ = held_out()
+    upto = int(np.flatnonzero(ys == 4)[0])  # class 4 not learned yet
+    a = learn(cls(**settings).fit_base(Zb, [INT_LABELS[k] for k in yb]), Zs[:upto], ys[:upto])
+    b = learn(cls(**settings).fit_base(Zb, [INT_LABELS[k] for k in yb]), Zs[:upto], ys[:upto])
+    s = a.novelty_score(Zt)
+    assert isinstance(s, np.ndarray) and s.shape == (len(Zt),), f"shape {np.shape(s)}"
+    assert np.isfinite(s).all()
+    np.testing.assert_array_equal(a.novelty_score(Zt), s)
+    assert a.novelty_score(Zt[0]).shape == (1,)  # one sample, as (d,)
+    assert isinstance(cls.novelty, str) and cls.novelty
+    np.testing.assert_array_equal(a.predict_proba(Zt), b.predict_proba(Zt))
+    learn(a, Zs[upto:], ys[upto:])
+    learn(b, Zs[upto:], ys[upto:])
+    np.testing.assert_array_equal(a.predict_proba(Zt), b.predict_proba(Zt))
+
+
 def check_save_load(cls, settings) -> None:
     """(6b) Learner.save -> Learner.load (a fresh object of the saved class, read with
     weights_only=True) predicts identically and continues learning identically."""
@@ -524,7 +546,7 @@ def check_metadata(cls, settings) -> None:
 
 CHECKS = [check_constructor, check_emerging_classes, check_probabilities,
           check_predict_is_argmax, check_predict_one, check_same_seed, check_memory_layout,
-          check_state_round_trip,
+          check_state_round_trip, check_novelty_score,
           check_save_load, check_copies, check_memory_capacity, check_above_chance,
           check_bad_input,
           check_failure_rolls_back, check_nonfinite_step_rolls_back, check_metadata]

@@ -56,6 +56,7 @@ from ciosl.data.specs import (  # noqa: F401
     data_root,
     get_spec,
 )
+from ciosl.data.streams import load_core50, load_stream51
 from ciosl.data.types import ArrayImages, DatasetSpec, RawDataset
 from ciosl.data.video import make_video_dataset
 
@@ -215,6 +216,9 @@ def load_dataset(
         "fashion-mnist-video": lambda: _video(name, root, download),
         "digits-instances": lambda: _instances(name, root, download),
         "fashion-mnist-instances": lambda: _instances(name, root, download),
+        "stream51": lambda: load_stream51(root),
+        "core50": lambda: load_core50(root),
+        "core50-cat": lambda: load_core50(root, categories=True),
     }
     return loaders[name]()
 
@@ -230,6 +234,12 @@ def _locate(name: str) -> str | None:
     if name in CIFAR:
         found = _find_cifar(name, None)
         return str(found) if found else None
+    if name == "stream51":
+        ok = (root / "Stream-51_meta_train.json").is_file()
+        return str(root) if ok else None
+    if name in ("core50", "core50-cat"):
+        root = data_root() / "core50"
+        return str(root) if (root / "LUP.pkl").is_file() else None
     sub = ("train", "val") if name == "imagenet100" else ("train", "test")
     return str(root) if all((root / s).is_dir() for s in sub) else None
 

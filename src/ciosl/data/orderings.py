@@ -9,7 +9,7 @@ the rest arrive, and the testing events:
   the first step's classes; then each step's samples, shuffled, one step after the other.
 - ``instance``: a random ``base_fraction`` for base init; the rest in temporally ordered chunks
   of ``chunk`` (50) frames per object instance, round-robin over the instances (seed-permuted)
-  until every instance is exhausted.
+  until every instance is exhausted; ``chunk=None`` plays each instance's video whole.
 - ``class_instance``: as class_iid, but inside a step whole classes come one after the other,
   and inside a class instance after instance (seed-permuted), frames in temporal order.
 
@@ -29,6 +29,9 @@ import numpy as np
 
 ORDERINGS = ("iid", "class_iid", "instance", "class_instance")
 TEMPORAL = ("instance", "class_instance")
+# CORe50's official scenarios (data/streams.py ``official_ordering``): only datasets that ship
+# their batches accept them
+OFFICIAL = ("ni", "nc", "nic")
 
 
 @dataclass(frozen=True)
@@ -42,10 +45,15 @@ class Ordering:
     class_order: tuple[int, ...]  # seed-permuted class order (class orderings), else sorted
 
     def test_mask(self, test_y: np.ndarray, t: int) -> np.ndarray:
-        """Which test samples are scored at event t."""
-        if self.event_classes is None:
-            return np.ones(len(test_y), dtype=bool)
-        return np.isin(test_y, self.event_classes[t])
+        """Which test samples are scored at event t: those of the classes learned by then
+        (class orderings: the steps so far; iid and instance: every class of the training set;
+        a test label that no training sample has, e.g. Stream-51's novel images, is never
+        scored for accuracy, only as novel by the open-set protocol)."""
+        return np.isin(test_y, self.known(t))
+
+    def known(self, t: int) -> tuple[int, ...]:
+        """The classes learned by event t; a test sample of any other class is novel there."""
+        return self.class_order if self.event_classes is None else self.event_classes[t]
 
     def seen(self, t: int) -> np.ndarray:
         """Training indices learned by event t (base init + stream prefix)."""
@@ -53,8 +61,9 @@ class Ordering:
 
 
 def check_kind(kind: str) -> str:
-    if kind not in ORDERINGS:
-        raise ValueError(f"unknown ordering {kind!r}; valid choices: {', '.join(ORDERINGS)}")
+    if kind not in ORDERINGS + OFFICIAL:
+        raise ValueError(f"unknown ordering {kind!r}; valid choices: "
+                         f"{', '.join(ORDERINGS + OFFICIAL)}")
     return kind
 
 
@@ -112,10 +121,13 @@ def make_ordering(
     classes_per_step: int,
     instances: np.ndarray | None = None,
     frames: np.ndarray | None = None,
-    chunk: int = 50,
+    chunk: int | None = 50,
     max_events: int | None = None,
 ) -> Ordering:
     check_kind(kind)
+    if kind in OFFICIAL:
+        raise ValueError(f"the {kind!r} ordering is CORe50's official scenario: its batches "
+                         "come from the dataset's LUP.pkl (data.streams.official_ordering)")
     labels = np.asarray(labels)
     n = len(labels)
     if n < 2:
@@ -140,6 +152,8 @@ def make_ordering(
         else:
             by_inst = _temporal(np.sort(rest), instances, frames)
             order = rng.permutation(list(by_inst))
+            if chunk is None:  # whole videos, one after another
+                chunk = max((len(v) for v in by_inst.values()), default=1)
             parts, r = [], 0
             while True:
                 round_parts = [by_inst[i][r * chunk : (r + 1) * chunk] for i in order]

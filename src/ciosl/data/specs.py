@@ -17,6 +17,7 @@ from ciosl.fileio import kind_of
 FEATURES_PREFIX = "features:"
 
 _IID, _ALL = ("iid", "class_iid"), ("iid", "class_iid", "instance", "class_instance")
+_CORE50 = (*_ALL, "ni", "nc", "nic")  # and CORe50's official scenarios (data/streams.py)
 _WHERE = "$CIOSL_DATA (default ~/.cache/ciosl/data)"
 _FROM_FASHION = ("generated from fashion-mnist: make fashion-mnist available (apt-get install "
                  f"dataset-fashion-mnist, or the 4 IDX files in {_WHERE}/fashion-mnist)")
@@ -98,6 +99,28 @@ DATASETS: dict[str, DatasetSpec] = {s.name: s for s in (
         0.10, 2, 180, _ALL, "efficientnet_lite0", 30, 16,
         _FROM_FASHION,
         base_epochs=30, base_batch_size=16),
+    # the field's streaming benchmarks, from their official files (data/streams.py); neither
+    # downloads: both sit behind their authors' links
+    DatasetSpec(
+        "stream51", "Stream-51: 51 classes of temporally ordered video frames cropped to their "
+        "boxes (1.1x), novel test images for the open-set protocol",
+        0.10, 10, 1000, _ALL, "mobilenet_v2", 10, 256,
+        "get Stream-51 (https://tyler-hayes.github.io/stream51, Stream-51.zip) and unpack it in "
+        f"{_WHERE}/stream51 (Stream-51_meta_train.json, Stream-51_meta_test.json and the "
+        "frames)", base_epochs=10, base_batch_size=256, chunk=None),
+    DatasetSpec(
+        "core50", "CORe50: 50 objects (10 categories) in 11 sessions of 128x128 video frames; "
+        "sessions 3, 7, 10 as the test set",
+        0.10, 10, 1000, _CORE50, "mobilenet_v2", 10, 256,
+        "get core50_128x128.zip, paths.pkl, LUP.pkl and labels.pkl "
+        f"(https://vlomonaco.github.io/core50) into {_WHERE}/core50",
+        base_epochs=10, base_batch_size=256),
+    DatasetSpec(
+        "core50-cat", "CORe50 with its 10 categories as the classes (5 objects each)",
+        0.10, 2, 1000, _CORE50, "mobilenet_v2", 10, 256,
+        "as core50: core50_128x128.zip, paths.pkl, LUP.pkl and labels.pkl "
+        f"(https://vlomonaco.github.io/core50) into {_WHERE}/core50",
+        base_epochs=10, base_batch_size=256),
 )}
 
 

@@ -59,6 +59,9 @@ class DatasetSpec:
     # base init trains like the dataset's offline learner.
     base_epochs: int
     base_batch_size: int
+    # the instance ordering's round-robin chunk, in frames (iCubWorld's protocol: 50); None
+    # plays each video whole before the next (Stream-51's instance ordering)
+    chunk: int | None = 50
 
 
 @dataclass(frozen=True)

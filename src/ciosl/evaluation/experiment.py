@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 import ciosl
-from ciosl.data.orderings import Ordering, limit_per_class, make_ordering
+from ciosl.data.orderings import OFFICIAL, Ordering, limit_per_class, make_ordering
 from ciosl.data.runtime import resolve_device
 from ciosl.data.types import DatasetSpec, FeatureSet
 from ciosl.errors import is_out_of_memory, out_of_memory, shown
@@ -129,10 +129,20 @@ def offline_settings(exp: ExperimentSpec, spec: DatasetSpec) -> OfflineSettings:
 
 
 def stream_ordering(exp: ExperimentSpec, spec: DatasetSpec, fs: FeatureSet, seed: int) -> Ordering:
-    """The base-init indices, stream and testing events of one run."""
+    """The base-init indices, stream and testing events of one run (CORe50's official
+    scenarios: its run ``seed``'s batches, read from the dataset's LUP.pkl)."""
+    if exp.ordering in OFFICIAL:
+        from ciosl.data.streams import official_ordering
+
+        if exp.limit_per_class is not None:
+            raise ValueError(f"--limit-per-class cannot be used with CORe50's official "
+                             f"{exp.ordering!r} batches (they list every frame)")
+        return official_ordering(exp.data_root, exp.ordering, seed,
+                                 categories=exp.dataset == "core50-cat",
+                                 max_events=exp.max_events)
     return make_ordering(exp.ordering, fs.train_y, seed=seed, base_fraction=spec.base_fraction,
                          classes_per_step=spec.classes_per_step, instances=fs.train_instance,
-                         frames=fs.train_frame, max_events=exp.max_events)
+                         frames=fs.train_frame, max_events=exp.max_events, chunk=spec.chunk)
 
 
 def offline_curve(fs: FeatureSet, ordering: Ordering, offline: OfflineSettings,
@@ -179,7 +189,8 @@ def run_seed(exp: ExperimentSpec, cls: type[Learner], settings: dict[str, Any], 
     if hasattr(cls, "device"):  # trains like the reference, where the reference trains
         learner.device = resolve_device(exp.device)
     try:
-        run = run_stream(learner, fs, ordering, regime=regime_of(exp), **stream)
+        run = run_stream(learner, fs, ordering, regime=regime_of(exp),
+                         open_set=exp.open_set, **stream)
     except (MemoryError, RuntimeError) as e:  # name the method and what sized its memory
         if not is_out_of_memory(e):
             raise
@@ -247,7 +258,8 @@ def result_header(exp: ExperimentSpec, spec: DatasetSpec, cls: type[Learner],
                      "classes_per_step": spec.classes_per_step,
                      "offline": offline.__dict__,  # non-default options only (old results)
                      **({"max_events": exp.max_events} if exp.max_events is not None else {}),
-                     **({"offline_reference": False} if not exp.offline_reference else {})},
+                     **({"offline_reference": False} if not exp.offline_reference else {}),
+                     **({"open_set": True} if exp.open_set else {})},
     }
 
 
@@ -280,6 +292,8 @@ def aggregate(exp: ExperimentSpec, spec: DatasetSpec, cls: type[Learner],
         "forgetting": summary([r["forgetting"] for r in runs]),
         "backward_transfer": summary([r["backward_transfer"] for r in runs]),
         "accuracy_matrix": mean_matrix([r["accuracy_matrix"] for r in runs]),
+        **({"open_set": open_set_summary([r.get("open_set") for r in runs])}
+           if exp.open_set else {}),
         "samples_per_second": float(np.mean([r["samples_per_second"] for r in runs])),
         "predict_seconds": float(np.mean([r["predict_seconds"] for r in runs])),
         "peak_memory_bytes": int(max(r["peak_memory_bytes"] for r in runs)),
@@ -288,6 +302,30 @@ def aggregate(exp: ExperimentSpec, spec: DatasetSpec, cls: type[Learner],
                      "numpy": np.__version__, "torch": __import__("torch").__version__},
     }
     return result
+
+
+def open_set_summary(records: Sequence[dict | None]) -> dict | None:
+    """The open-set fields of a result: per run, the mean AUROC / AUOSC over the testing
+    events that had novel samples (``open_set_means``), then mean +- std over runs, for the
+    learner's own novelty score and, where it has another one, for 1 - max probability."""
+    if not records or any(r is None for r in records):
+        return None
+    out: dict = {"score": records[0]["score"]}
+    for key in ("auroc", "auosc"):
+        out[key] = summary([open_set_means(r[key]) for r in records])
+    if all("baseline" in r for r in records):
+        base = [r["baseline"] for r in records]
+        out["baseline"] = {"score": base[0]["score"],
+                           **{k: summary([open_set_means(b[k]) for b in base])
+                              for k in ("auroc", "auosc")}}
+    return out
+
+
+def open_set_means(values: Sequence[float | None]) -> float | None:
+    """The mean of a run's per-event values over the events that had novel samples (None if
+    none had)."""
+    kept = [v for v in values if v is not None]
+    return float(np.mean(kept)) if kept else None
 
 
 def run_experiment(exp: ExperimentSpec, *,
@@ -336,6 +374,7 @@ def _run_experiment(exp: ExperimentSpec, spec: DatasetSpec, cls: type[Learner],
         "regime": regime_of(exp).__dict__,
         **({"max_events": exp.max_events} if exp.max_events is not None else {}),
         **({"offline_reference": False} if not exp.offline_reference else {}),
+        **({"open_set": True} if exp.open_set else {}),
         **({"device": device} if (device := resolve_device(exp.device)) != "cpu" else {})})
     ckpt = None
     header = result_header(exp, spec, cls, settings, fs, offline)

@@ -235,3 +235,58 @@ def summary(values: Sequence[float | None]) -> dict | None:
         return None
     mean, std = mean_std(values)
     return {"mean": mean, "std": std}
+
+
+# ---------------------------------------------------------------------------- open set
+# The open-set protocol (Stream-51's): at a testing event, the test samples of the classes
+# learned so far are "known", those of any other class "novel"; a learner's ``novelty_score``
+# (higher: more novel) separates them. Both scores below count ties as half, so that they are
+# exact (no threshold grid) and do not depend on the order of the samples.
+
+
+def _rank_counts(known: np.ndarray, novel: np.ndarray) -> np.ndarray:
+    """For each known score, the number of novel scores above it plus half of those equal."""
+    s = np.sort(novel)
+    above = len(s) - np.searchsorted(s, known, side="right")
+    equal = np.searchsorted(s, known, side="right") - np.searchsorted(s, known, side="left")
+    return above + 0.5 * equal
+
+
+def _open_set_scores(known: Sequence[float], novel: Sequence[float]
+                     ) -> tuple[np.ndarray, np.ndarray] | None:
+    k = np.asarray(known, dtype=np.float64).reshape(-1)
+    n = np.asarray(novel, dtype=np.float64).reshape(-1)
+    if not (np.isfinite(k).all() and np.isfinite(n).all()):
+        raise ValueError("open-set scores must be finite")
+    return None if len(k) == 0 or len(n) == 0 else (k, n)
+
+
+def auroc(known: Sequence[float], novel: Sequence[float]) -> float | None:
+    """Area under the ROC curve of telling novel test samples from known ones by a novelty
+    score (higher: more novel): the probability that a novel sample scores above a known one,
+    ties counting half (the Mann-Whitney statistic; equal to scikit-learn's ``roc_auc_score``
+    with novel as the positive class). 0.5 is chance. None without a known or a novel sample."""
+    pair = _open_set_scores(known, novel)
+    if pair is None:
+        return None
+    k, n = pair
+    return float(_rank_counts(k, n).sum() / (len(k) * len(n)))
+
+
+def auosc(known: Sequence[float], novel: Sequence[float],
+          correct: Sequence[bool]) -> float | None:
+    """Area under the open-set classification curve (Dhamija et al. 2018; Stream-51's AUOSC):
+    sweeping a threshold on the novelty score, the fraction of known samples accepted (score
+    below the threshold) and correctly classified, against the fraction of novel samples
+    accepted, integrated over the latter from 0 to 1 (trapezoids across ties). Equals the mean,
+    over known samples, of [classified correctly] x P(a novel sample scores above it, ties
+    half): at most the accuracy on the known samples, and ``auroc`` when every one is right.
+    None without a known or a novel sample."""
+    pair = _open_set_scores(known, novel)
+    if pair is None:
+        return None
+    k, n = pair
+    c = np.asarray(correct, dtype=bool).reshape(-1)
+    if len(c) != len(k):
+        raise ValueError(f"auosc: {len(k)} known scores but {len(c)} correctness flags")
+    return float((_rank_counts(k, n) * c).sum() / (len(k) * len(n)))

@@ -139,6 +139,8 @@ def protocol_slug(exp: ExperimentSpec, spec: DatasetSpec) -> str:
         items.append(("max_events", str(exp.max_events)))
     if not exp.offline_reference:
         items.append(("offline", "none"))
+    if exp.open_set:
+        items.append(("open_set", "on"))
     if exp.weights is not None:
         weights = Path(exp.weights).expanduser()
         items.append(("weights", f"{_safe(weights.stem)}-{_digest(str(weights.resolve()))}"))

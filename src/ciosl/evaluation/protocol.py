@@ -23,9 +23,9 @@ import torch
 from ciosl.conformance import checked_predict
 from ciosl.data.orderings import Ordering
 from ciosl.data.types import FeatureSet
-from ciosl.evaluation.metrics import accuracy, class_counts, matrix_columns
+from ciosl.evaluation.metrics import accuracy, auosc, auroc, class_counts, matrix_columns
 from ciosl.fileio import atomic_write_json, cache_root, read_json
-from ciosl.learners.base import Learner
+from ciosl.learners.base import NOVELTY_DEFAULT, Learner
 from ciosl.learners.head import train_offline
 
 logger = logging.getLogger(__name__)
@@ -154,7 +154,8 @@ def _chunks(regime: Regime, events: list[int], n_stream: int, every: int) -> lis
 def run_stream(learner: Learner, fs: FeatureSet, ordering: Ordering, *,
                progress: Progress | None = None, checkpoint_every: int = 0,
                on_checkpoint: Callable[[StreamState], None] | None = None,
-               resume: StreamState | None = None, regime: Regime = Regime()) -> dict:
+               resume: StreamState | None = None, regime: Regime = Regime(),
+               open_set: bool = False) -> dict:
     """Base-initialize ``learner``, stream every sample once, test at each event.
 
     Returns per-event accuracies and sizes, the learning time per streamed sample (evaluation
@@ -168,6 +169,12 @@ def run_stream(learner: Learner, fs: FeatureSet, ordering: Ordering, *,
     partial results and the timings. ``run_stream(..., resume=state)`` on a fresh learner
     continues from there and returns what the uninterrupted run would have returned (timings
     aside).
+
+    ``open_set`` adds the open-set protocol (Stream-51's) at every event: the test samples of
+    the classes not learned by then are novel, the learner's ``novelty_score`` ranks them
+    against the known ones, and the run records AUROC and AUOSC per event (None at an event
+    with no novel sample), with those of 1 - max probability beside a learner whose score is
+    another one (``open_set_scores``).
     """
     Z, y = fs.train_z, fs.train_y
     events = [int(e) for e in ordering.events]
@@ -178,12 +185,13 @@ def run_stream(learner: Learner, fs: FeatureSet, ordering: Ordering, *,
         st: StreamState = {"position": 0, "accuracy": [], "n_test": [], "memory": [],
                            "class_counts": [],
                            "base_seconds": time.perf_counter() - t0, "learn_seconds": 0.0,
-                           "predict_seconds": 0.0}
+                           "predict_seconds": 0.0, "open_set": []}
     else:
         learner.load_state_dict(resume["learner"])
         st = {k: v for k, v in resume.items() if k != "learner"}
         st = {**st, **{k: list(st[k]) for k in ("accuracy", "n_test", "memory")},
-              "class_counts": list(st.get("class_counts", []))}  # absent: older checkpoints
+              "class_counts": list(st.get("class_counts", [])),  # absent: older checkpoints
+              "open_set": list(st.get("open_set", []))}
 
     def evaluate_due() -> None:
         while len(st["accuracy"]) < len(events) and events[len(st["accuracy"])] == st["position"]:
@@ -194,6 +202,10 @@ def run_stream(learner: Learner, fs: FeatureSet, ordering: Ordering, *,
                 pred = checked_predict(learner, fs.test_z[mask])
             st["accuracy"].append(accuracy(pred, fs.test_y[mask]))
             st["class_counts"].append(class_counts(pred, fs.test_y[mask]))
+            if open_set:
+                with torch.no_grad():
+                    st["open_set"].append(open_set_scores(learner, fs, ordering, t, mask,
+                                                          pred == fs.test_y[mask]))
             st["predict_seconds"] += time.perf_counter() - t0  # includes retraining, if any
             st["n_test"].append(int(mask.sum()))
             st["memory"].append(learner.memory_bytes())
@@ -252,4 +264,39 @@ def run_stream(learner: Learner, fs: FeatureSet, ordering: Ordering, *,
         "samples_per_second": n_stream / learn_seconds if learn_seconds > 0 else float("inf"),
         "peak_memory_bytes": max(st["memory"]),
         "class_order": list(ordering.class_order),
+        **({"open_set": open_set_record(learner, st["open_set"])} if open_set else {}),
     }
+
+
+def open_set_scores(learner: Learner, fs: FeatureSet, ordering: Ordering, t: int,
+                    known: np.ndarray, correct: np.ndarray) -> dict:
+    """The open-set scores of event t: ``known`` masks the test samples of the classes learned
+    by then (``correct``: which of them ``learner`` classified right), every other test sample
+    is novel. AUROC / AUOSC of the learner's ``novelty_score`` and, when that is not already
+    1 - max probability, of 1 - max probability too (the baseline every learner has)."""
+    novel = ~np.isin(fs.test_y, ordering.known(t))
+    out: dict = {"n_novel": int(novel.sum())}
+    if not novel.any():
+        return {**out, "auroc": None, "auosc": None}
+    Zk, Zn = fs.test_z[known], fs.test_z[novel]
+    sk, sn = learner.novelty_score(Zk), learner.novelty_score(Zn)
+    out.update(auroc=auroc(sk, sn), auosc=auosc(sk, sn, correct))
+    if type(learner).novelty != NOVELTY_DEFAULT:
+        mk = 1.0 - learner.predict_proba(Zk).max(axis=1)
+        mn = 1.0 - learner.predict_proba(Zn).max(axis=1)
+        out.update(auroc_max_probability=auroc(mk, mn),
+                   auosc_max_probability=auosc(mk, mn, correct))
+    return out
+
+
+def open_set_record(learner: Learner, per_event: list[dict]) -> dict:
+    """A run's open-set fields: the score used and one value per testing event."""
+    own = type(learner).novelty
+    rec: dict = {"score": own, "n_novel": [e["n_novel"] for e in per_event],
+                 "auroc": [e["auroc"] for e in per_event],
+                 "auosc": [e["auosc"] for e in per_event]}
+    if own != NOVELTY_DEFAULT:
+        rec["baseline"] = {"score": NOVELTY_DEFAULT,
+                           "auroc": [e.get("auroc_max_probability") for e in per_event],
+                           "auosc": [e.get("auosc_max_probability") for e in per_event]}
+    return rec

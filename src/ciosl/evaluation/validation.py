@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ciosl.data.orderings import check_kind
+from ciosl.data.orderings import OFFICIAL, check_kind
 from ciosl.data.runtime import resolve_device
 from ciosl.data.types import DatasetSpec
 from ciosl.errors import echo, shown
@@ -56,6 +56,7 @@ class ExperimentSpec:
     std: str | None = None
     layer: str | None = None
     offline_reference: bool = True  # False: no offline reference, hence no Omega_all
+    open_set: bool = False  # the open-set protocol: AUROC / AUOSC of novelty_score per event
 
 
 MAX_RUNS = 10_000  # runs per cell: far beyond any protocol, and a bound on what is allocated
@@ -196,6 +197,9 @@ def validate(exp: ExperimentSpec) -> tuple[DatasetSpec, type[Learner], dict[str,
             f"dataset {echo(exp.dataset)} does not support the {exp.ordering!r} ordering; valid "
             f"choices: {', '.join(spec.orderings)}"
         )
+    if exp.ordering in OFFICIAL and exp.limit_per_class is not None:
+        raise ValueError(f"--limit-per-class cannot be used with CORe50's official "
+                         f"{exp.ordering!r} batches (they list every frame)")
     from ciosl.data import backbones
 
     if exp.extractor is not None and not backbones.is_user_backbone(exp.extractor):

@@ -85,6 +85,7 @@ from ciosl.serial import (  # noqa: F401
 )
 
 SMALL_BATCH = 256  # predict_proba on fewer rows runs single-threaded too
+NOVELTY_DEFAULT = "1 - max probability"
 
 
 @contextlib.contextmanager
@@ -179,8 +180,8 @@ def checked_proba(learner: Any, P: Any, n: int) -> np.ndarray:
 # Learner.__init_subclass__), so that a learner calling sys.exit raises LearnerError instead of
 # ending the program without a result (and with status 0)
 GUARDED = ("fit_base", "learn_one", "learn_many", "predict_proba", "predict", "save",
-           "predict_proba_one", "predict_one", "state_dict", "load_state_dict", "memory_bytes",
-           "score", "clone")
+           "predict_proba_one", "predict_one", "novelty_score", "state_dict", "load_state_dict",
+           "memory_bytes", "score", "clone")
 
 
 _LOCKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # learner -> its RLock
@@ -239,6 +240,10 @@ class Learner(AllOrNothing, Persistent):
     # the sane range of each number setting, by name (``SETTING_RANGES``; a float setting not
     # listed: ``FLOAT_RANGE``); a learner extends it: ``ranges = {**Learner.ranges, ...}``
     ranges: ClassVar[dict[str, Range]] = SETTING_RANGES
+
+    # what ``novelty_score`` measures, in words (result files and reports name it); a learner
+    # with a score of its own (a distance, a predictive uncertainty) says so here
+    novelty: ClassVar[str] = NOVELTY_DEFAULT
 
     # settings added after results began recording every setting, with the value the results
     # written before them ran at: reports read a result that lacks one at that value, not at
@@ -531,6 +536,30 @@ class Learner(AllOrNothing, Persistent):
         Z = self._check_Z(Z, where="predict_proba")
         with single_thread() if len(Z) < SMALL_BATCH else contextlib.nullcontext():
             return checked_proba(self, self._predict_proba(Z), len(Z))
+
+    def novelty_score(self, Z) -> np.ndarray:
+        """(n,) float64: how novel each row looks, higher meaning more likely a class never
+        learned (the open-set protocol's score; ``novelty`` says what it measures). The default
+        for every learner is 1 - max probability (Hendrycks & Gimpel's baseline); NCM and SLDA
+        answer a distance to the nearest class mean, the Bayesian heads their predictive
+        uncertainty. Reads the state only: never learns, never draws from the learner's
+        generators."""
+        if not self.classes_:
+            raise RuntimeError(f"{self.name}: novelty_score before any sample was learned")
+        Z = self._check_Z(Z, where="novelty_score")
+        with single_thread() if len(Z) < SMALL_BATCH else contextlib.nullcontext():
+            s = np.asarray(self._novelty_score(Z), dtype=np.float64)
+        if s.shape != (len(Z),) or not np.isfinite(s).all():
+            raise LearnerError(f"{describe_learner(self)}: novelty_score answered "
+                               f"{'non-finite values' if s.shape == (len(Z),) else s.shape} "
+                               f"for {len(Z)} samples; one finite score per sample expected")
+        return s
+
+    def _novelty_score(self, Z: np.ndarray) -> np.ndarray:
+        """1 - max probability, from ``predict_proba`` (checked): a learner of the user's own
+        that answers only ``predict_proba`` gets it too."""
+        P = checked_proba(self, self.predict_proba(Z), len(Z))
+        return 1.0 - P.max(axis=1)
 
     def predict(self, Z) -> np.ndarray:
         P = self.predict_proba(Z)  # checked again: a subclass may answer it its own way

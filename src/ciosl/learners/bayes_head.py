@@ -415,3 +415,24 @@ class BayesHead(Learner):
 
     def _predict_proba(self, Z: np.ndarray) -> np.ndarray:
         return self._predict_net(self.net, Z)
+
+    novelty = ("predictive uncertainty: entropy of the mean softmax over k = mc_samples posterior "
+               "draws (Eq. 7; with uncertainty=epistemic, that entropy minus the draws' mean "
+               "entropy)")
+
+    @torch.no_grad()
+    def _novelty_score(self, Z: np.ndarray) -> np.ndarray:
+        """The uncertainty score of the replay (``scores``) for unlabelled rows: k weight draws
+        from the posterior (a generator of their own, seeded by the seed and the samples seen,
+        as ``prediction=mc`` draws: the learner's generators are untouched)."""
+        X = torch.from_numpy(Z)
+        gen = torch.Generator().manual_seed(int(self.seed) * 1_000_003 + self.n_seen_ + 7)
+        W = self.net.sample_weights(max(2, self.mc_samples), gen)
+        out = []
+        for i in range(0, len(X), 1024):
+            P = self.net.forward_sampled(X[i:i + 1024], W).softmax(-1)  # (k, m, C)
+            unc = torch.special.entr(P.mean(0)).sum(1)
+            if self.uncertainty == "epistemic":
+                unc = unc.sub_(torch.special.entr(P).sum(2).mean(0)).clamp_(min=0.0)
+            out.append(unc)
+        return torch.cat(out).double().numpy()

@@ -89,6 +89,16 @@ class NCM(BlockMeans):
         logits = (Z64 @ mu.T).mul_(2).sub_(sq).div_(self.temperature)  # (n, K)
         return torch.softmax(logits, dim=1).numpy()
 
+    novelty = "Euclidean distance to the nearest class mean"
+
+    def _novelty_score(self, Z: np.ndarray) -> np.ndarray:
+        """min_k ||z - mu_k||, from the same logits as ``_predict_proba`` (temperature 1)."""
+        mu = self.mu
+        sq = (mu**2).sum(1) if self._sq is None else self._sq
+        Z64 = torch.from_numpy(Z).double()
+        near = (Z64 @ mu.T).mul_(2).sub_(sq).max(dim=1).values  # max_k 2 z.mu_k - ||mu_k||^2
+        return (Z64.square().sum(1) - near).clamp_(min=0.0).sqrt_().numpy()
+
     def _state(self) -> dict[str, Any]:
         return self._block_state()
 

@@ -206,6 +206,17 @@ class SLDA(BlockMeans):
         scores = (torch.from_numpy(Z).double() @ W.T).add_(b)  # (n, K), no temporary
         return torch.softmax(scores, dim=1).numpy()
 
+    novelty = "Mahalanobis distance to the nearest class mean (the shared shrunk covariance)"
+
+    def _novelty_score(self, Z: np.ndarray) -> np.ndarray:
+        """min_k sqrt((z - mu_k)' Lambda (z - mu_k)) = sqrt(z' Lambda z - 2 max_k (w_k z + b_k))
+        with the scores of ``_predict_proba`` (w_k = Lambda mu_k, b_k = -mu_k' Lambda mu_k / 2)."""
+        W, b = self._weights()
+        Z64 = torch.from_numpy(Z).double()
+        quad = ((Z64 @ self._Lambda) * Z64).sum(1)  # z' Lambda z, (n,)
+        best = (Z64 @ W.T).add_(b).max(dim=1).values
+        return (quad - 2 * best).clamp_(min=0.0).sqrt_().numpy()
+
     def _state(self) -> dict[str, Any]:
         return {**self._block_state(), "scatter": symmetric(self._S), "n_cov": self.n_cov}
 

@@ -9,7 +9,7 @@ import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from ciosl.data.orderings import ORDERINGS
+from ciosl.data.orderings import OFFICIAL, ORDERINGS
 from ciosl.report.text import printable, shorten
 
 REGIME_ORDER = ("batch", "online", "streaming")
@@ -473,8 +473,8 @@ def result_problem(data: dict) -> str | None:
             return f"{k} must be a string, got {_brief(data.get(k))}"
         if not data[k].strip():
             return f"{k} must not be empty, got {_brief(data[k])}"
-    if data["ordering"] not in ORDERINGS:
-        return f"ordering must be one of {', '.join(ORDERINGS)}, got {_brief(data['ordering'])}"
+    if data["ordering"] not in ORDERINGS + OFFICIAL:
+        return f"ordering must be one of {', '.join(ORDERINGS + OFFICIAL)}, got {_brief(data['ordering'])}"
     problem = _omega_problem(data) or _header_problem(data)
     if problem is not None:
         return problem

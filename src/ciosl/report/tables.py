@@ -5,7 +5,8 @@
   single pass marked with a dagger, and the offline learner's mean accuracy (Offline-hat).
 - ``final_table``: the same layout with the test accuracy after the whole stream (the offline
   learner's last, too); ``cost_table``: samples learned per second and learner state size;
-  ``continual_tables``: average forgetting, then backward transfer, in the same layout.
+  ``continual_tables``: average forgetting, then backward transfer, in the same layout;
+  ``open_set_tables``: AUROC / AUOSC of the results run with ``--open-set``.
 - ``sampling_table``: memory replacement x sample selection (the paper's Table 4).
 - ``setting_tables``: one table per setting varied alone (lambda2, buffer, ...): Omega_all as a
   function of that setting (lambda2 also crossed with selection/replacement, as in the paper).
@@ -275,6 +276,57 @@ def continual_tables(entries: list[Entry], legend: Legend) -> list[Table]:
     return tables
 
 
+OPEN_SET = {  # kind: (path in the result's "open_set", title)
+    "auroc": (("auroc",), "Open set: AUROC of the method's novelty score"),
+    "auosc": (("auosc",), "Open set: AUOSC of the method's novelty score"),
+    "auroc-msp": (("baseline", "auroc"), "Open set: AUROC of 1 − max probability"),
+}
+
+
+def _open_set(e: Entry | None, path: tuple[str, ...]) -> tuple[float, float] | None:
+    """The mean ± std over runs at ``path`` in a result's ``open_set`` (for the max
+    probability baseline, the method's own score when that is already it)."""
+    value: Any = e.data.get("open_set") if e is not None else None
+    if path[0] == "baseline" and isinstance(value, dict) and "baseline" not in value:
+        path = path[1:]  # its own score is 1 - max probability
+    for k in path:
+        value = value.get(k) if isinstance(value, dict) else None
+    if not (isinstance(value, dict) and isinstance(value.get("mean"), int | float)):
+        return None
+    return float(value["mean"]), float(value.get("std") or 0.0)
+
+
+def open_set_tables(entries: list[Entry], legend: Legend) -> list[Table]:
+    """AUROC and AUOSC of each method's novelty score, and AUROC of 1 − max probability, per
+    method and column (results run with ``--open-set`` only; none: no table)."""
+    chosen, columns, rows, grid = _main_cells(entries)
+    if not chosen or not any(isinstance(e.data.get("open_set"), dict) for e in chosen):
+        return []
+    scores = sorted({e.data["open_set"].get("score", "?") for e in chosen
+                     if isinstance(e.data.get("open_set"), dict)})
+    tables = []
+    for kind, (path, title) in OPEN_SET.items():
+        table = Table(f"open-set-{kind}", title, ["Method"],
+                      [(c.ordering.replace("_", "-"), c.label) for c in columns])
+        _method_rows(table, rows, grid, legend)
+        for cells, row in zip(table.rows, grid, strict=True):
+            for e in row:
+                v = _open_set(e, path)
+                cells.append(MISSING if v is None else mean_pm(*v, e.n_runs))
+        table.notes = [
+            "At each testing event the test samples of the classes not learned yet are novel, "
+            "those of the classes learned known; per run the mean over the events with novel "
+            "samples, then mean ± std over runs. AUROC: the probability that a novel sample "
+            "scores as more novel than a known one (0.5 is chance); AUOSC: the area under the "
+            "open-set classification curve (known samples accepted and classified right "
+            "against novel samples accepted; at most the accuracy).",
+            f"Novelty scores: {'; '.join(scores)}.",
+            f"{MISSING}: not run with --open-set.", *_fixed_note(chosen)]
+        _finish_marks(table, legend)
+        tables.append(table)
+    return tables
+
+
 def _class_accuracy(e: Entry | None) -> dict[str, float] | None:
     """Mean over runs of each class's accuracy at the end (None if a run lacks it)."""
     runs = e.data["runs"] if e is not None else []
@@ -519,7 +571,7 @@ def build_tables(entries: list[Entry]) -> list[Table]:
     legend = departure_legend([e for e in entries if not e.diff])  # the same in every table
     tables = [main_table(entries, legend), final_table(entries, legend),
               cost_table(entries, legend), *continual_tables(entries, legend),
-              *class_tables(entries, legend), sampling_table(entries, used),
+              *open_set_tables(entries, legend), *class_tables(entries, legend), sampling_table(entries, used),
               *setting_tables(entries, used), regime_table(entries, legend),
               other_table(entries, used)]
     return [t for t in tables if t is not None]
