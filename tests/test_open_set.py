@@ -8,6 +8,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 from sklearn.datasets import load_digits
 from sklearn.metrics import roc_auc_score
 
@@ -130,8 +131,11 @@ def test_slda_novelty_is_the_mahalanobis_distance_to_the_nearest_mean(digits):
     X, y = digits
     learner = _trained("slda", X, y)
     mu = learner.mu.numpy()
-    learner._weights()
-    Lam = learner._Lambda.numpy()  # the precision its predictions use (shrunk covariance)
+    W, _ = learner._weights()
+    # the precision its predictions use (the shrunk covariance's inverse, kept): its scores
+    # are W = M Lambda, which test_anytime checks against a batch LDA
+    Lam = learner._answer.precision(torch.eye(X.shape[1], dtype=torch.float64)).numpy()
+    np.testing.assert_allclose(mu @ Lam, W.numpy(), rtol=1e-8, atol=1e-10)
     Zt = X[1200:].astype(np.float64)
     diff = Zt[:, None, :] - mu[None]
     d2 = np.einsum("nkd,de,nke->nk", diff, Lam, diff)

@@ -159,12 +159,15 @@ class Answer:
     solution, or None: refit at every change), the shrinkage coefficient in use and the
     scores' (W, b). RanPAC's: M the per-class sums of h, rho its lambda, no shrinkage."""
 
-    __slots__ = ("M", "Wb", "at", "kept", "n", "rho", "shrinkage", "t", "t0", "trace")
+    __slots__ = ("M", "Wb", "at", "kept", "n", "precision", "rho", "shrinkage", "t", "t0",
+                 "trace")
 
-    def __init__(self, at, M, n, t, trace, rho, kept, shrinkage, Wb, t0=None):
+    def __init__(self, at, M, n, t, trace, rho, kept, shrinkage, Wb, t0=None, precision=None):
         self.at, self.M, self.n, self.t, self.trace = at, M, n, t, trace
         self.rho, self.kept, self.shrinkage, self.Wb = rho, kept, shrinkage, Wb
         self.t0 = t if t0 is None else t0  # samples at the refit
+        # LDA's: B (d, q) -> Lambda B, the precision the scores use (W = M Lambda)
+        self.precision = precision
 
     def holds(self, t: int) -> bool:
         """Whether the ridge chosen at the refit may still be held at t samples: t grew by at
@@ -184,11 +187,16 @@ def lda_refit(at, S, M, n, t, eps, estimator, pmax) -> Answer:
         A.diagonal().add_(r / a)
         kept = Kept.cholesky(A, M, pmax)
     if kept is None:  # a = 0: (r I)^-1, nearest class mean; else a singular a S + r I
-        W = M / r if a == 0 else M @ torch.linalg.pinv(a * S + r * torch.eye(d, dtype=S.dtype),
-                                                       hermitian=True)  # (K, d)
-        return Answer(at, M, n, t, trace, None, None, e, (W, -0.5 * (W * M).sum(1)))
+        if a == 0:
+            W, precision = M / r, (lambda B: B / r)
+        else:
+            P = torch.linalg.pinv(a * S + r * torch.eye(d, dtype=S.dtype), hermitian=True)
+            W, precision = M @ P, (lambda B: P @ B)  # (K, d)
+        return Answer(at, M, n, t, trace, None, None, e, (W, -0.5 * (W * M).sum(1)),
+                      precision=precision)
     W = kept.W / a  # (S + rho I)^-1 = a (a S + r I)^-1
-    return Answer(at, M, n, t, trace, r / a, kept, e, (W, -0.5 * (W * M).sum(1)))
+    return Answer(at, M, n, t, trace, r / a, kept, e, (W, -0.5 * (W * M).sum(1)),
+                  precision=lambda B: kept.apply(B) / a)
 
 
 def lda_caught_up(ans: Answer, at, X, M, n, cols, E, extra, extra_cols, t, trace, estimator
@@ -203,7 +211,8 @@ def lda_caught_up(ans: Answer, at, X, M, n, cols, E, extra, extra_cols, t, trace
         return None
     a, e = held_ridge(ans.rho, t, trace, X.shape[1], estimator)
     W = kept.W / a
-    return Answer(at, M, n, t, trace, ans.rho, kept, e, (W, -0.5 * (W * M).sum(1)), ans.t0)
+    return Answer(at, M, n, t, trace, ans.rho, kept, e, (W, -0.5 * (W * M).sum(1)), ans.t0,
+                  precision=lambda B: kept.apply(B) / a)
 
 
 

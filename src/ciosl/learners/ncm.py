@@ -93,8 +93,7 @@ class NCM(BlockMeans):
 
     def _novelty_score(self, Z: np.ndarray) -> np.ndarray:
         """min_k ||z - mu_k||, from the same logits as ``_predict_proba`` (temperature 1)."""
-        mu = self.mu
-        sq = (mu**2).sum(1) if self._sq is None else self._sq
+        mu, sq = self._answer_means()  # (K, d), (K,): the means predictions use
         Z64 = torch.from_numpy(Z).double()
         near = (Z64 @ mu.T).mul_(2).sub_(sq).max(dim=1).values  # max_k 2 z.mu_k - ||mu_k||^2
         return (Z64.square().sum(1) - near).clamp_(min=0.0).sqrt_().numpy()

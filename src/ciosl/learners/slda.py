@@ -213,7 +213,7 @@ class SLDA(BlockMeans):
         with the scores of ``_predict_proba`` (w_k = Lambda mu_k, b_k = -mu_k' Lambda mu_k / 2)."""
         W, b = self._weights()
         Z64 = torch.from_numpy(Z).double()
-        quad = ((Z64 @ self._Lambda) * Z64).sum(1)  # z' Lambda z, (n,)
+        quad = (self._answer.precision(Z64.T).T * Z64).sum(1)  # z' Lambda z, (n,)
         best = (Z64 @ W.T).add_(b).max(dim=1).values
         return (quad - 2 * best).clamp_(min=0.0).sqrt_().numpy()
 
