@@ -294,7 +294,8 @@ def test_cli_help_gives_every_option_a_meaning_and_its_default():
 
     parser = build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    assert set(sub.choices) == {"run", "datasets", "methods", "features", "sweep", "report"}
+    assert set(sub.choices) == {"run", "datasets", "methods", "features", "sweep", "report",
+                                "serve"}
     for name, p in sub.choices.items():
         text = " ".join(p.format_help().split())
         for action in p._actions:

@@ -484,7 +484,9 @@ def test_no_row_label_of_a_shipped_report_is_longer_than_60_characters():
     reports = sorted(docs.glob("*/report.md"))
     assert reports
     for path in reports:
-        for line in path.read_text().splitlines():
+        # the results tables; "Results used" lists each result by its file name, as it is
+        tables = path.read_text().split("\n## Results used")[0]
+        for line in tables.splitlines():
             if line.startswith("| ") and not line.startswith("|:"):
                 assert len(line.split(" | ")[0][2:]) <= 60, (path, line[:80])
 
