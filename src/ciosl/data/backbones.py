@@ -49,6 +49,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ciosl.data import runtime
 from ciosl.errors import echo
 
 logger = logging.getLogger(__name__)
@@ -269,12 +270,7 @@ def onnx_session(bb: Backbone, device: str, threads: int):
     if bb.tensor not in {o.name for o in model.graph.output}:
         del model.graph.output[:]
         model.graph.output.append(onnx.helper.make_empty_tensor_value_info(bb.tensor))
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    so.intra_op_num_threads = threads
-    so.inter_op_num_threads = 1
-    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    so.log_severity_level = 3
+    so = runtime.session_options(threads)
     providers = ["CPUExecutionProvider"]
     if device == "cuda":
         if "CUDAExecutionProvider" in ort.get_available_providers():

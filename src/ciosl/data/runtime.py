@@ -457,13 +457,22 @@ def ort_session(model_bytes: bytes, threads: int = 1):
     no spin-waiting (a thread that waits yields its core to whoever needs it)."""
     import onnxruntime as ort
 
+    return ort.InferenceSession(model_bytes, session_options(threads),
+                                providers=["CPUExecutionProvider"])
+
+
+def session_options(threads: int):
+    """ONNX Runtime's options for every session of ciosl: full graph optimisation, ``threads``
+    intra-op threads, one inter-op thread, no spin-waiting, errors only in its log."""
+    import onnxruntime as ort
+
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.intra_op_num_threads = threads
     so.inter_op_num_threads = 1
     so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     so.log_severity_level = 3
-    return ort.InferenceSession(model_bytes, so, providers=["CPUExecutionProvider"])
+    return so
 
 
 # ---------------------------------------------------------------------------- running
