@@ -37,8 +37,8 @@ def test_one_thread_learns_while_others_predict_and_save(method, tmp_path):
     def learn():
         try:
             for i in range(12, N):
-                learner.learn_one(x[i], y[i])
-                with lock_of(learner):  # the states it passes through
+                with lock_of(learner):  # the states it passes through, each recorded
+                    learner.learn_one(x[i], y[i])  # before another thread can save it
                     passed.add(digest(learner.state_dict()))
         except Exception as e:  # noqa: BLE001 (asserted below)
             errors.append(f"learn: {e!r}")
@@ -51,10 +51,10 @@ def test_one_thread_learns_while_others_predict_and_save(method, tmp_path):
                 with lock_of(learner):
                     classes = list(learner.classes_)
                     P = learner.predict_proba(x[:4])
+                    learner.predict(x[:4])
                     passed.add(digest(learner.state_dict()))  # a retraining learner's moves
                 if P.shape != (4, len(classes)):
                     errors.append(f"predict: shape {P.shape} for {len(classes)} classes")
-                learner.predict(x[:4])
             except Exception as e:  # noqa: BLE001
                 errors.append(f"predict: {e!r}")
 
