@@ -220,9 +220,9 @@ def test_a_known_step_failing_after_its_refresh_leaves_the_anchor_as_before(meth
 @pytest.mark.parametrize("method", ["ewc", "mas"])
 def test_learn_many_with_several_refreshes_rolls_back_at_every_point(method):
     """A learn_many that re-anchors at every sample (refresh_every=1) and brings two new
-    classes: whichever sample its failure comes after, the learner is as before the call --
-    the lent rows (anchor, frozen importance) and the buffers they live in were locked -- and
-    after every call of a long stream each store's pool holds at most four buffers."""
+    classes: whichever sample its failure comes after, the learner is as before the call (the
+    anchor and the frozen importance are references to tensors no step writes), and over a long
+    stream with failed calls it ends where a twin without them ends."""
     from ciosl.conformance import InjectedFailure, failing_after
     from ciosl.serial import digest
 
@@ -241,16 +241,16 @@ def test_learn_many_with_several_refreshes_rolls_back_at_every_point(method):
     for t in twins:
         t.learn_many(batch, labels)
     assert digest(learner.state_dict()) == digest(twin.state_dict())
-    for i in range(120):  # new classes, known ones, batches, failed calls
-        if i % 3 == 0:
-            learner.learn_many(Z[:4], [0, 10 + i, 1, 10 + i])
-        else:
-            learner.learn_one(Z[i % len(Z)], int(y[i % len(Z)]))
+    for i in range(120):  # new classes, known ones, batches, failed calls (not the twin's)
+        for t in twins:
+            if i % 3 == 0:
+                t.learn_many(Z[:4], [0, 10 + i, 1, 10 + i])
+            else:
+                t.learn_one(Z[i % len(Z)], int(y[i % len(Z)]))
         if i % 7 == 0:
             with failing_after(learner, "_learn_one", 2), pytest.raises(InjectedFailure):
                 learner.learn_many(Z[:3], [0, 1000 + i, 1])
-        stores = [*learner._rows["omega"], *learner._rows["_curv"], *learner.net.out]
-        assert max(len(s.bufs) for s in stores) <= 4, i
+    assert digest(learner.state_dict()) == digest(twin.state_dict())
 
 
 @pytest.mark.parametrize("method", ["ewc", "mas"])

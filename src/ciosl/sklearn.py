@@ -166,7 +166,7 @@ class StreamingClassifier(ClassifierMixin, BaseEstimator):
             learner._check_Z(X, where="partial_fit")  # every row, before any is learned
             # a new learner is dropped if it fails; a fitted one is restored (one row:
             # learn_one is all-or-nothing itself)
-            with (learner._all_or_nothing(full=True) if not first and len(codes) > 1
+            with (learner._all_or_nothing() if not first and len(codes) > 1
                   else contextlib.nullcontext()):
                 for z, c in zip(X, codes, strict=True):
                     learner.learn_one(z, c)

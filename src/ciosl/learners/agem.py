@@ -19,7 +19,7 @@ Design choices:
   parameter shapes, so the projection is two dot products and one axpy over P numbers.
 - As in A-GEM, only the loss gradient is projected: weight decay and momentum are applied by
   the optimizer on top of g~ (``head.SGD``), exactly as torch.optim.SGD would after A-GEM's
-  ``p.grad = g~``. With an empty memory (or ``n_replay`` = 0) the step is plain fine-tuning.
+  projection of the gradient into g~. With an empty memory (or ``n_replay`` = 0) the step is plain fine-tuning.
 - The episodic memory is a reservoir (the streaming setting has no task boundaries to fill
   per-task episodic memories at), shared with ``tinyer``; ``fit_base`` is tinyer's.
 - ``n_projected`` counts the steps whose gradient was projected (a diagnostic, saved).
@@ -87,10 +87,10 @@ class AGEM(TinyER):
                                   n_new=len(yi))  # (P,), (P,)
         g_tilde = project(g, g_ref)
         self.n_projected += g_tilde is not g
-        for p, gp in zip(self.net.params, g_tilde.split([p.numel() for p in self.net.params]),
-                         strict=True):
-            p.grad = gp.view_as(p)
-        self.opt.step(self.net.params)
+        params = self.net.params
+        grads = [gp.view_as(p) for p, gp in zip(params, g_tilde.split([p.numel() for p in params]),
+                                                strict=True)]
+        self.net.params = self.opt.step(params, grads)
         for z, k in zip(Z, yi, strict=True):
             self._offer(z, int(k))
 

@@ -21,7 +21,7 @@ _SCALARS = (int, str, np.integer, np.str_)  # a label that np.asarray leaves as 
 
 def _one(labels: Any) -> Any:
     """The label of a one-label list of a plain scalar (``learn_one``'s), else None: the
-    answers of ``_indices_of`` and ``_any_new`` without an object array (the same answers)."""
+    answer of ``_indices_of`` without an object array (the same answer)."""
     if type(labels) is list and len(labels) == 1 and isinstance(labels[0], _SCALARS):
         return _hashable(labels[0])
     return None
@@ -31,30 +31,25 @@ class AllOrNothing:
     """The undo machinery of ``Learner`` (``_all_or_nothing`` and the hooks it calls)."""
 
     @contextlib.contextmanager
-    def _all_or_nothing(self, full: bool, labels: Any = None):
+    def _all_or_nothing(self, labels: Any = None):
         """Leave the learner as it was if the block raises, at a cost that does not grow with
-        the state. ``full`` (a new class may grow the model, a base init or a batch changes
-        more than one step): the learner's ``_undo_record`` of what learning ``labels`` will
-        overwrite, taken before anything changes; classes added in the block are dropped by
-        truncation (``_undo``), and a state built in the block is dropped. Otherwise the random
-        generators only: a learner detects a non-finite loss before its parameters or its
-        memory move, but may have drawn replay samples by then. A learner without
-        ``_undo_record`` (one of the user's own) gets a copy of its whole state. Nested calls
-        (``learn_many`` learning sample by sample) are covered by the outermost one."""
+        the state: the learner's ``_undo_record`` of what learning ``labels`` may replace (by
+        reference: a step never writes a published tensor in place, so the old references are
+        the old state), taken before anything changes; ``_undo`` puts it back, and the classes
+        added in the block are dropped by truncation. A state built in the block is dropped. A
+        learner without ``_undo_record`` (one of the user's own) gets a copy of its whole
+        state. Nested calls (``learn_many`` learning sample by sample) are covered by the
+        outermost one."""
         if getattr(self, "_in_call", False):
             yield
             return
-        # fresh copies; none for a learner whose steps draw no random number (NCM, SLDA):
-        # nothing to restore, and a step saves ~3 us
+        # fresh copies; none for a learner whose steps draw no random number (NCM, SLDA)
         rng = (self.rng.bit_generator.state, self.torch_rng.get_state()) \
             if self._draws_random() else None
         k, dim, n_seen = len(self.classes_), self.dim_, self.n_seen_
-        cheap = self._has_undo()
         saved = record = None
-        # a known-class step: what it may change before it finds a non-finite loss
-        light = self._step_record() if not full and dim is not None else None
-        if full and dim is not None:
-            if cheap:
+        if dim is not None:
+            if self._has_undo():
                 record = self._undo_record(self._indices_of(labels))
             else:
                 saved = copy.deepcopy(self.state_dict())
@@ -66,17 +61,14 @@ class AllOrNothing:
         except BaseException:
             if saved is not None:
                 self.load_state_dict(saved, check=False)
-            elif full and (cheap or dim is None):
-                if dim is None:  # the state was built in this call: back to none
-                    self.classes_, self._class_index, self.dim_ = [], {}, None
-                else:
-                    self._undo(record, k)
-                    for lab in self.classes_[k:]:
-                        del self._class_index[lab]
-                    del self.classes_[k:]
-                self.n_seen_ = n_seen
-            if light is not None:
-                self._step_undo(light)
+            elif dim is None:  # the state was built in this call: back to none
+                self.classes_, self._class_index, self.dim_ = [], {}, None
+            else:
+                self._undo(record, k)
+                for lab in self.classes_[k:]:
+                    del self._class_index[lab]
+                del self.classes_[k:]
+            self.n_seen_ = n_seen
             if rng is not None:
                 self.rng.bit_generator.state, _ = rng
                 self.torch_rng.set_state(rng[1])
@@ -125,36 +117,14 @@ class AllOrNothing:
 
     def _undo_record(self, yi: np.ndarray) -> Any:
         """What learning samples of classes ``yi`` (indices; those >= len(classes_) are new)
-        may overwrite, enough for ``_undo`` to restore it: never a copy of the whole state
-        (see ``ciosl.learners.undo``). Not overridden: the whole state is copied instead."""
+        may replace, enough for ``_undo`` to restore it: references (``undo.keep``) and the old
+        values of the rows a row store overwrites, never a copy of the whole state. Not
+        overridden: the whole state is copied instead."""
         raise NotImplementedError
 
     def _undo(self, record: Any, n_classes: int) -> None:
         """Restore what ``record`` holds and keep only the first ``n_classes`` classes."""
         raise NotImplementedError
 
-    def _step_record(self) -> Any:
-        """What a ``learn_one`` of a known class (no undo record: no copy per sample) changes
-        before its step can find a non-finite loss and raise -- a refresh's new references, the
-        counters that schedule it -- kept by reference, never a copy; ``_step_undo`` puts it
-        back. None (the default): such a step changes nothing before its check."""
-        return None
-
-    def _step_undo(self, record: Any) -> None:
-        """Put back what ``_step_record`` kept."""
-
     def _undo_done(self, record: Any) -> None:
         """The call succeeded: ``record`` is dropped (a learner ends a journal here)."""
-
-    def _any_new(self, labels: Any) -> bool:
-        """True if ``labels`` may add a class (or the state is not built yet)."""
-        if self.dim_ is None:
-            return True
-        one = _one(labels)
-        if one is not None:
-            return one not in self._class_index
-        try:
-            return any(_hashable(v) not in self._class_index
-                       for v in np.asarray(labels, dtype=object).reshape(-1))
-        except TypeError:  # an unhashable label: refused by the checks, to be safe
-            return True

@@ -473,7 +473,7 @@ class Learner(AllOrNothing, Persistent):
     def fit_base(self, Z, y) -> Learner:
         """Offline base initialization on (Z, y); the learner is unchanged if it raises."""
         y = as_values(y, "fit_base", "labels")  # a tensor's values; a masked label refused
-        with self._all_or_nothing(full=True, labels=y):
+        with self._all_or_nothing(labels=y):
             Z, y = self._prepare(Z, y, "fit_base")
             yi = self._encode_new(y)
             self._fit_base(Z, yi)
@@ -487,7 +487,7 @@ class Learner(AllOrNothing, Persistent):
         if Z.shape[0] != 1:  # checked before _prepare may fix the feature width
             raise ValueError(f"learn_one: expects one sample, got {Z.shape[0]}")
         labels = [y] if not isinstance(y, (list, np.ndarray)) else y  # noqa: UP038 (faster)
-        with self._all_or_nothing(full=self._any_new(labels), labels=labels):
+        with self._all_or_nothing(labels=labels):
             Z, (lab,) = self._prepare(Z, labels, "learn_one", checked=True)
             (yi,) = self._encode_new([lab])
             with single_thread():
@@ -500,7 +500,7 @@ class Learner(AllOrNothing, Persistent):
         order. The whole batch is checked before anything is learned, and the learner is
         unchanged if it raises."""
         y = as_values(y, "learn_many", "labels")
-        with self._all_or_nothing(full=True, labels=y):
+        with self._all_or_nothing(labels=y):
             Z, y = self._prepare(Z, y, "learn_many")
             if not self._has_batch_update():
                 if type(self).learn_one is not Learner.learn_one:  # a learn_one of its own

@@ -53,7 +53,6 @@ import torch
 
 from ciosl.learners.base import Learner
 from ciosl.learners.bnn import BayesMLP
-from ciosl.learners.flat import Flat
 from ciosl.learners.head import HIDDEN, SGD, check_finite, clip_grad_norm_
 from ciosl.learners.undo import keep, keep_attrs, restore
 
@@ -118,39 +117,27 @@ def scores(logits: torch.Tensor, P: torch.Tensor, Y: torch.Tensor, n: int, k: in
 
 class FlatSGD(SGD):
     """``head.SGD`` (d = g + wd p; buf = m buf + d; p -= lr buf) for the one flat parameter
-    tensor of a ``BayesMLP``, in a single pass with torch's fused CPU SGD kernel where it exists
-    (``head.SGD``'s arithmetic otherwise). The momentum ``buffers[0]`` is the live view of a
-    ``flat.Flat`` in the means' layout (``flat``): it grows in place with the output layer, and
-    a guarded step writes the means and the momentum in their spare buffers."""
+    tensor of a ``BayesMLP``, with torch's fused CPU SGD kernel where it exists (``head.SGD``'s
+    arithmetic otherwise). The kernel works in place, so it runs on copies of the means and the
+    momentum, which then replace them (the state rule: the old tensors are left as they were)."""
 
     def __init__(self, net: BayesMLP, *, lr: float, momentum: float, weight_decay: float):
         super().__init__([net.mu], lr=lr, momentum=momentum, weight_decay=weight_decay)
-        self.flat: Flat | None = None  # the momentum's storage, made at the first step
-
-    def momentum_flat(self, net: BayesMLP) -> Flat | None:
-        """The momentum's ``Flat`` (adopted from ``buffers[0]`` if that was loaded or set
-        since), None before the first step."""
-        buf = self.buffers[0]
-        if buf is None or (self.flat is not None and self.flat.live is buf):
-            return None if buf is None else self.flat
-        self.flat = net._flat(self._fit(buf, net.mu.shape))  # zero-padded as SGD pads
-        self.buffers[0] = self.flat.live
-        return self.flat
 
     def grow(self, net: BayesMLP, n_new: int) -> None:
         """Zero momentum for ``n_new`` new output units (call before ``net.grow``)."""
-        fl = self.momentum_flat(net)
-        if fl is not None:
-            self.buffers[0] = fl.grow(0.0, 0.0, n_new)
+        buf = self.buffers[0]
+        if buf is not None:
+            buf = buf if buf.shape == net.mu.shape else self._fit(buf, net.mu.shape)
+            self.buffers = [net.grown(buf, 0.0, 0.0, n_new)]
 
     @torch.no_grad()
     def step_net(self, net: BayesMLP, grad: torch.Tensor) -> None:
         """One step of ``net``'s means on ``grad`` (P,)."""
-        p = net.write("mu")
-        if self.buffers[0] is None:  # the first step: zeros (m * 0 + d == d, as torch does)
-            self.buffers[0] = torch.zeros_like(p)
-        _, buf = self.momentum_flat(net).target(copy=True)
-        self.buffers[0] = buf
+        p = net.mu.clone()
+        buf = self.buffers[0]
+        buf = torch.zeros_like(p) if buf is None else self._fit(buf, p.shape) \
+            if buf.shape != p.shape else buf.clone()  # the first step: m * 0 + d == d
         if _FUSED and self.momentum:
             torch._fused_sgd_([p], [grad], [buf], weight_decay=self.weight_decay,
                               momentum=self.momentum, lr=self.lr, dampening=0.0,
@@ -159,12 +146,8 @@ class FlatSGD(SGD):
             d = grad.add(p, alpha=self.weight_decay) if self.weight_decay else grad
             buf.mul_(self.momentum).add_(d)
             p.sub_(buf, alpha=self.lr)
-
-    def flats(self) -> list[Flat]:
-        """The momentum's ``Flat`` in a list (empty before the first step, or while a loaded
-        buffer is not adopted yet: a step then copies it into a new ``Flat``)."""
-        fl = self.flat
-        return [fl] if fl is not None and fl.live is self.buffers[0] else []
+        self.buffers = [buf]
+        net.set_mu(p)
 
 
 class BayesHead(Learner):
@@ -234,42 +217,14 @@ class BayesHead(Learner):
         self._grad = self.net.grad
 
     def _undo_record(self, yi: np.ndarray) -> dict[str, Any]:
-        """Every flat vector grows in place and a step writes the means, the Fisher EMA and the
-        momentum in place (a refresh the prior): their ``Flat``s are snapshotted and guarded,
-        so that the call's first write of each goes to its spare buffer (``flat``; the step
-        copies mu, Fbar and the momentum there first, torch's fused SGD being in place only);
-        a growth is undone by moving the output biases back, O(n_out); the rest is kept by
-        reference."""
-        net, opt = self.net, self.opt
-        flats = [*net.flats(), *opt.flats()]
-        for fl in flats:
-            if fl.pair:
-                fl.guard()
-        return {"net": keep(net), "opt": keep(opt),
-                "flats": [(fl, fl.snapshot()) for fl in flats],
+        """The head, its optimizer and the schedule by reference: a step replaces their
+        tensors."""
+        return {"net": keep(self.net), "opt": keep(self.opt),
                 "head": keep_attrs(self, ("_grad", "_since_refresh", "_streaming"))}
-
-    def _step_record(self) -> tuple:
-        """A known-class step refreshes the prior when it is due (new vectors, outside a
-        guarded call), counts the sample and sets the evidence before its finite check:
-        references and counters."""
-        return (keep_attrs(self, ("_since_refresh", "_streaming")),
-                keep_attrs(self.net, ("_flats", "_prior_prec_max", "prior_mu", "prior_prec",
-                                          "evidence")))
-
-    def _step_undo(self, record: tuple) -> None:
-        for part in record:
-            restore(part)
 
     def _undo(self, record: dict[str, Any], n_classes: int) -> None:
         for part in ("net", "opt", "head"):
             restore(record[part])
-        for fl, snap in record["flats"]:
-            fl.restore(snap)
-
-    def _undo_done(self, record: dict[str, Any]) -> None:
-        for fl, _ in record["flats"]:  # a vector the call did not write: no longer guarded
-            fl.guarded = False
 
     def _state(self) -> dict[str, Any]:
         return {"net": self.net.state(), "momentum": self.opt.state(),

@@ -47,13 +47,11 @@ scales start at the prior's), prior N(0, s^2 / fan_in). Growth: a new output uni
 initialised as a fresh layer's would be, its curvature is 0 (so its scale is the prior's) and
 its prior is the initial prior. Nothing already learned moves.
 
-Storage: every flat vector (mu, Fbar, the prior's means and precisions, pi_0) is a ``flat.Flat``:
-the live (P,) vector is the start of a buffer with room for more output units, and a new unit
-is written in place in O(fan_in + n_out) (the layout, and so every result, stays the same as a
-freshly concatenated vector's). The step's temporaries (sigma^2, the KL's difference, the
-gradient) are rows of one work buffer of the same capacity, each written whole before it is
-read. Undo (``bayes_head``): ``flats()`` are snapshotted before a call and guarded, so that the
-call's first write of each goes to its spare buffer (``write``).
+State (docs/design.md): every flat vector (mu, Fbar, the prior's means and precisions, pi_0)
+is a (P,) tensor that a step replaces, never writes in place; a refresh of the prior is a
+reference to the means. A new output unit makes new vectors (one concatenation each, O(P)).
+The step's temporaries (sigma^2, the KL's difference, the gradient) are rows of one work buffer,
+each written whole before it is read: scratch, not state.
 """
 
 from __future__ import annotations
@@ -64,7 +62,6 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from ciosl.learners.flat import Flat
 from ciosl.learners.head import HIDDEN, MLP
 
 
@@ -102,24 +99,6 @@ class BayesMLP:
         mu = torch.cat([m.reshape(-1) for m in means])  # (P,)
         self._set(mu, torch.zeros_like(mu), 0, 0.0, torch.zeros_like(mu), self._prec0())
 
-    def _flat(self, data: torch.Tensor, pair: bool = True) -> Flat:
-        """A ``Flat`` of a (P,) tensor in this network's layout (copied)."""
-        fan_in = self.shapes[-2][1]
-        return Flat(data, data.numel() - self.n_out * (fan_in + 1), fan_in, pair=pair)
-
-    def flats(self) -> list[Flat]:
-        """Every flat vector (mu, Fbar, pi_0, the prior's means and precisions)."""
-        return list(self._flats.values())
-
-    def write(self, name: str) -> torch.Tensor:
-        """The live vector ``name`` ("mu", "fisher"), about to be written in place: moved to
-        its spare buffer first (a copy) if it is guarded (``flat``)."""
-        fl = self._flats[name]
-        if fl.guarded:
-            fl.target(copy=True)
-            self._sync(name)
-        return fl.live
-
     # ------------------------------------------------------------------ layout
     @property
     def n_layers(self) -> int:
@@ -154,40 +133,34 @@ class BayesMLP:
     def _set(self, mu: torch.Tensor, fisher: torch.Tensor, fisher_steps: int, evidence: float,
              prior_mu: torch.Tensor, prior_prec: torch.Tensor) -> None:
         """The state from (P,) tensors (copied)."""
-        self._flats = {"mu": self._flat(mu), "fisher": self._flat(fisher),
-                       "prec0": self._flat(self._prec0(), pair=False)}  # the prior: set_prior
+        self.mu, self.fisher = mu.detach().clone(), fisher.detach().clone()
+        self.prec0 = self._prec0()  # (P,)
         self.fisher_steps = int(fisher_steps)
         self.evidence = float(evidence)  # samples / temperature the posterior accounts for
         self._work = torch.empty(0, 0)
-        self.set_prior(prior_mu, prior_prec)
+        self.set_prior(prior_mu.detach().clone(), prior_prec.detach().clone())
 
-    def _sync(self, name: str | None = None) -> None:
-        """The live views of the flat vectors and the work buffer's rows; ``name`` ("mu",
-        "fisher"): only that vector moved (to its spare buffer, the same size)."""
-        fl = self._flats
-        if name != "fisher":
-            self.mu = fl["mu"].live  # (P,) the means, the optimizer's parameter
-            self.mu_l = self.views(self.mu)
-        if name != "mu":
-            self.fisher = fl["fisher"].live  # (P,) EMA of the per-sample Fisher (not bias-
-            self._fisher_views = self.views(self.fisher)  # corrected)
-        if name is not None:
-            return
-        self.prior_mu, self.prior_prec = fl["prior_mu"].live, fl["prior_prec"].live  # (P,)
-        self.prec0 = fl["prec0"].live  # (P,)
-        P, cap = self.P, fl["mu"].bufs[fl["mu"].cur].numel()
-        if self._work.shape[1] < cap:  # (3, capacity): sigma^2, a temporary, the gradient;
-            self._work = torch.empty(3, -(-cap // 16) * 16)  # rows 64-byte aligned, as fresh
+    def _sync(self) -> None:
+        """The per-tensor views of the flat vectors, and the work buffer's rows (grown by
+        capacity doubling with the output layer)."""
+        self.mu_l = self.views(self.mu)  # the means, the optimizer's parameter
+        self._fisher_views = self.views(self.fisher)  # EMA of the per-sample Fisher
+        P = self.P
+        if self._work.shape[1] < P:  # (3, capacity): sigma^2, a temporary, the gradient;
+            self._work = torch.empty(3, -(-2 * P // 16) * 16)  # rows 64-byte aligned, as fresh
             # tensors are (a matrix product's result may depend on its operands' alignment)
         self._scratch = self._work[:2, :P]  # (2, P), each row written whole before it is read
         self._var_views = self.views(self._scratch[0])
         self.grad = self._work[2, :P]  # (P,) the step's gradient (``backward`` writes it all)
         self._grad_views: tuple = (None,)
 
+    def set_mu(self, mu: torch.Tensor) -> None:
+        """New means (P,) (a step's result; the old tensor is left as it was)."""
+        self.mu, self.mu_l = mu, self.views(mu)
+
     def set_prior(self, prior_mu: torch.Tensor, prior_prec: torch.Tensor) -> None:
-        """The prior's means and precisions (P,) (copied)."""
-        self._flats["prior_mu"] = self._flat(prior_mu)
-        self._flats["prior_prec"] = self._flat(prior_prec)
+        """The prior's means and precisions (P,) (kept by reference: never written)."""
+        self.prior_mu, self.prior_prec = prior_mu, prior_prec
         self._prior_prec_max = float(prior_prec.max()) if prior_prec.numel() else 0.0
         self._sync()
 
@@ -196,19 +169,9 @@ class BayesMLP:
         return self.prior_prec.rsqrt()
 
     def refresh_prior(self) -> None:
-        """prior := current posterior (means and precisions copied): into the spare buffers
-        inside a call that may be undone (guarded, ``flat``), else into new vectors (a
-        snapshot that later steps never touch, as a fresh tensor would be)."""
-        new = []
-        for name in ("prior_mu", "prior_prec"):
-            fl = self._flats[name]
-            if not fl.guarded:
-                fl = self._flats[name] = fl.fresh()
-            new.append(fl.target(copy=False)[1])
-        new[0].copy_(self.mu)
-        p = self.precision(out=new[1])  # (the floor reads the old prior: not synced yet)
-        self._prior_prec_max = float(p.max()) if p.numel() else 0.0
-        self._sync()
+        """prior := current posterior: the means by reference (a step replaces them, never
+        writes them), the precisions computed (the floor reads the old prior)."""
+        self.set_prior(self.mu, self.precision())
 
     # ------------------------------------------------------------------ the posterior scales
     def _fisher_weight(self) -> float:
@@ -239,20 +202,22 @@ class BayesMLP:
         m = G.shape[0]
         if not m:
             return
-        self.write("fisher")
         # rate 0: the running mean of every update (rate 1 / t), the EMA's limit as the rate
         # goes to 0 (its bias-corrected value tends to that mean): nothing is forgotten
         rate = self.fisher_decay or 1.0 / (self.fisher_steps + 1)
         f, keep = self._fisher_views, 1.0 - rate
+        fisher = torch.empty_like(self.fisher)  # the new Fbar (the old one is not written)
+        new = self.views(fisher)
         g = G / math.sqrt(m)  # squares average over the rows
         for i in reversed(range(self.n_layers)):
             h, h2 = cache.layers[i][0][:m], cache.layers[i][1][:m]
             g2 = g * g
-            # Fbar := keep Fbar + rate est, the EMA inside the product (no (P,) temporary)
-            f[2 * i].addmm_(g2.t(), h2, beta=keep, alpha=rate)
-            f[2 * i + 1].mul_(keep).add_(g2.sum(0), alpha=rate)
+            # Fbar := keep Fbar + rate est, the EMA inside the product
+            torch.addmm(f[2 * i], g2.t(), h2, beta=keep, alpha=rate, out=new[2 * i])
+            torch.mul(f[2 * i + 1], keep, out=new[2 * i + 1]).add_(g2.sum(0), alpha=rate)
             if i:
                 g = torch.ops.aten.threshold_backward(g.mm(self.mu_l[2 * i]), h, 0.0)
+        self.fisher, self._fisher_views = fisher, new
         self.fisher_steps += 1
 
     # ------------------------------------------------------------------ KL
@@ -346,28 +311,39 @@ class BayesMLP:
                 g = torch.ops.aten.threshold_backward(g, h, 0.0)  # 0 where h <= 0
 
     # ------------------------------------------------------------------ growth and state
+    def grown(self, flat: torch.Tensor, W: torch.Tensor | float, b: torch.Tensor | float,
+              n_new: int) -> torch.Tensor:
+        """A (P,) vector in this network's layout (output layer last: [..., Wo, bo]) with
+        ``n_new`` output units appended: rows ``W`` (n_new, fan_in) and biases ``b`` (n_new,),
+        or a constant for each (a new tensor)."""
+        (n, fan_in), end = self.shapes[-2], flat.numel()
+        cut = end - n  # where bo starts
+        rows = W.reshape(-1) if isinstance(W, torch.Tensor) else flat.new_full((n_new * fan_in,), W)
+        bias = b if isinstance(b, torch.Tensor) else flat.new_full((n_new,), b)
+        return torch.cat([flat[:cut], rows, flat[cut:], bias])
+
     def grow(self, n_new: int, generator: torch.Generator,
              carry: tuple[torch.Tensor | None, ...] = ()) -> list[torch.Tensor | None]:
-        """Add ``n_new`` output units, in place (``flat``). ``carry``: other (P,) tensors in
-        mu's layout to return grown with zeros (new tensors)."""
+        """Add ``n_new`` output units (new vectors). ``carry``: other (P,) tensors in mu's
+        layout to return grown with zeros."""
         fan_in = self.shapes[-2][1]
         Wn, bn = MLP._layer(fan_in, n_new, generator)  # Linear-style means of the new units
         prec = torch.tensor(fan_in / self.prior_scale ** 2).item()  # the initial prior's, f32
-        out = [None if c is None else self._flat(c).grow(0.0, 0.0, n_new).clone() for c in carry]
-        fl = self._flats
-        fl["mu"].grow(Wn, bn, n_new)
-        fl["fisher"].grow(0.0, 0.0, n_new)
-        fl["prior_mu"].grow(0.0, 0.0, n_new)
-        fl["prior_prec"].grow(prec, prec, n_new)
-        fl["prec0"].grow(prec, prec, n_new)
+        out = [None if c is None else self.grown(c, 0.0, 0.0, n_new) for c in carry]
+        self.mu = self.grown(self.mu, Wn, bn, n_new)
+        self.fisher = self.grown(self.fisher, 0.0, 0.0, n_new)
+        prior_mu = self.grown(self.prior_mu, 0.0, 0.0, n_new)
+        prior_prec = self.grown(self.prior_prec, prec, prec, n_new)
+        self.prec0 = self.grown(self.prec0, prec, prec, n_new)
         n_out = self.n_out + n_new
-        self.shapes[-2:] = [(n_out, fan_in), (n_out,)]
-        self._prior_prec_max = max(self._prior_prec_max, prec)
-        self._sync()
+        self.shapes = [*self.shapes[:-2], (n_out, fan_in), (n_out,)]
+        max_prec = max(self._prior_prec_max, prec)
+        self.set_prior(prior_mu, prior_prec)
+        self._prior_prec_max = max_prec
         return out
 
     def state(self) -> dict[str, torch.Tensor]:
-        return {"mu": self.mu.detach().clone(), "fisher": self.fisher.clone(),
+        return {"mu": self.mu.clone(), "fisher": self.fisher.clone(),
                 "fisher_steps": torch.tensor(self.fisher_steps),
                 "evidence": torch.tensor(self.evidence, dtype=torch.float64),
                 "prior_mu": self.prior_mu.clone(), "prior_prec": self.prior_prec.clone()}

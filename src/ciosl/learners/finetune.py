@@ -24,7 +24,6 @@ import torch.nn.functional as F
 
 from ciosl.learners.base import Learner, register
 from ciosl.learners.head import HIDDEN, MAX_GRAD_NORM, MLP, SGD, check_finite
-from ciosl.learners.pingpong import PingPong
 from ciosl.learners.undo import keep, restore
 
 
@@ -65,8 +64,7 @@ class FineTune(Learner):
     def _init_state(self, dim: int) -> None:
         self.net = MLP(dim, 0, HIDDEN, generator=self.torch_rng)  # output grows per class
         self.opt = SGD(self.net.params, lr=self.lr, momentum=self.momentum,
-                       weight_decay=self.weight_decay, max_grad_norm=self.max_grad_norm,
-                       net=self.net)
+                       weight_decay=self.weight_decay, max_grad_norm=self.max_grad_norm)
 
     def _add_class(self) -> None:
         self.net.grow(1, self.torch_rng)
@@ -79,8 +77,7 @@ class FineTune(Learner):
         """One SGD step on the mean cross-entropy of rows X (n, d), Y (n,)."""
         loss = F.cross_entropy(self.net(X), Y)
         self._check_finite(loss, X)
-        loss.backward()
-        self.opt.step(self.net.params)
+        self.net.params = self.opt.step(self.net.params, torch.autograd.grad(loss, self.net.params))
 
     def _fit_base(self, Z: np.ndarray, yi: np.ndarray) -> None:
         X = torch.from_numpy(np.ascontiguousarray(Z))  # (n, d) float32
@@ -101,34 +98,13 @@ class FineTune(Learner):
     def _predict_proba(self, Z: np.ndarray) -> np.ndarray:
         return self.net.predict_proba(Z)  # (n, n_seen), under torch.no_grad
 
-    def _grows_first(self, yi: np.ndarray) -> bool:
-        """True if the call's first sample brings a new class: the output layer (and its
-        momentum) grows in place before any step (``pingpong``: rows appended after the live
-        ones, no copy)."""
-        return bool(len(yi)) and int(yi[0]) >= len(self.classes_)
-
     def _undo_record(self, yi: np.ndarray) -> dict[str, Any]:
-        """The head and its optimizer by reference, no value copied: the call's first step of
-        each parameter writes it and its momentum out of place (``SGD.guard``: the output
-        layer's rows into the other buffers of ``pingpong``, the other layers into spare
-        tensors), so the tensors as they were before the call stay untouched."""
-        self.net.out_rows()  # adopted now (after a load), before the references are kept
-        rows = [pp.snapshot() for pp in self.opt.pingpongs()]
-        net, opt = keep(self.net), keep(self.opt)
-        self.opt.guard()
-        return {"net": net, "opt": opt, "rows": rows}
+        """The head and its optimizer by reference: a step replaces their tensors."""
+        return {"net": keep(self.net), "opt": keep(self.opt)}
 
     def _undo(self, record: dict[str, Any], n_classes: int) -> None:
-        for snap in record["rows"]:
-            PingPong.restore(snap)
         restore(record["net"])
         restore(record["opt"])
-        for p in self.net.params:
-            p.grad = None  # a gradient left by the failed step would add to the next one
-
-    def _undo_done(self, record: dict[str, Any]) -> None:
-        for snap in record["rows"]:
-            snap[0].unlock()
 
     def _state(self) -> dict[str, Any]:
         return {"params": self.net.state(), "momentum": self.opt.state()}

@@ -22,8 +22,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ciosl.learners.pingpong import PingPong
-
 HIDDEN = (256, 256)
 
 
@@ -43,7 +41,6 @@ class MLP:
         self.params += self._layer(sizes[-1], n_out, generator)
         for p in self.params:
             p.requires_grad_(True)
-        self.out: tuple[PingPong, PingPong] | None = None  # the output layer's rows (grow)
 
     @staticmethod
     def _layer(fan_in: int, fan_out: int, gen: torch.Generator) -> list[torch.Tensor]:
@@ -66,23 +63,16 @@ class MLP:
 
     __call__ = forward
 
-    def out_rows(self) -> tuple[PingPong, PingPong]:
-        """The output layer's weights and bias as growing rows (``pingpong``), adopted from
-        the parameters when they were loaded, moved or replaced since."""
-        out = self.out
-        if out is None or not (out[0].holds(self.params[-2]) and out[1].holds(self.params[-1])):
-            out = self.out = (PingPong(self.params[-2], grad=True),
-                              PingPong(self.params[-1], grad=True))
-            self.params[-2], self.params[-1] = out[0].live, out[1].live
-        return out
-
     def grow(self, n_new: int, generator: torch.Generator) -> None:
-        """Add ``n_new`` output units (torch.nn.Linear's init); existing weights are untouched
-        and not copied (capacity doubling)."""
-        W = self.params[-2]
+        """Add ``n_new`` output units (torch.nn.Linear's init): the output layer is replaced by
+        a new one holding the old rows and the new ones (O(n_out x fan_in), the output layer's
+        own arithmetic per step); no other layer is touched."""
+        W, b = self.params[-2], self.params[-1]
         Wn, bn = self._layer(W.shape[1], n_new, generator)
-        out = self.out_rows()
-        self.params[-2], self.params[-1] = out[0].grow(Wn), out[1].grow(bn)
+        with torch.no_grad():
+            self.params = [*self.params[:-2],
+                           torch.cat([W, Wn.to(W.device)]).requires_grad_(True),
+                           torch.cat([b, bn.to(b.device)]).requires_grad_(True)]
 
     def state(self) -> list[torch.Tensor]:
         return [p.detach().clone() for p in self.params]
@@ -149,128 +139,44 @@ def clip_grad_norm_(grads: list[torch.Tensor | None], max_norm: float) -> float:
 class SGD:
     """SGD with momentum and weight decay over a list of tensors that may grow; with a finite
     ``max_grad_norm`` the gradients are first clipped to that joint norm (``clip_grad_norm_``).
-    """
+    ``step`` returns new parameters and replaces the momentum buffers: nothing is written in
+    place (the state rule), with the arithmetic of ``torch.optim.SGD``'s in-place step."""
 
     def __init__(self, params: list[torch.Tensor], *, lr: float, momentum: float,
-                 weight_decay: float, max_grad_norm: float = math.inf, net: MLP | None = None):
+                 weight_decay: float, max_grad_norm: float = math.inf):
         self.lr, self.momentum, self.weight_decay = lr, momentum, weight_decay
         self.max_grad_norm = max_grad_norm
         self.buffers: list[torch.Tensor | None] = [None] * len(params)
-        # ``net``: the MLP whose output layer grows by rows (``MLP.out_rows``): its momentum
-        # grows so too, and a guarded step writes both out of place (``guard``)
-        self.net = net
-        self.rows: dict[int, PingPong] = {}  # momentum rows of the output layer, by index
-        self._guarded: tuple[int, ...] = ()
-        # the other layers, guarded: (parameter, momentum) of the same shapes that a guarded
-        # step writes into, by index; the tensors it replaced become the spares
-        self.spares: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     @torch.no_grad()
-    def clip(self, params: list[torch.Tensor]) -> None:
-        """Clip the parameters' gradients to ``max_grad_norm`` (the first thing a step does; a
-        subclass with its own step calls it first)."""
+    def step(self, params: list[torch.Tensor], grads: list[torch.Tensor | None] | tuple
+             ) -> list[torch.Tensor]:
+        """The parameters after one step on ``grads`` (new tensors, trainable leaves; a
+        parameter without a gradient is kept): d = g + wd p; buf = m buf + d; p - lr buf.
+        ``grads`` are the step's own tensors (clipped in place)."""
+        grads = list(grads)
         if math.isfinite(self.max_grad_norm):
-            clip_grad_norm_([p.grad for p in params], self.max_grad_norm)
-
-    def guard(self) -> None:
-        """The next step of each parameter leaves it and its momentum as they were before it:
-        the output layer's rows and momentum are written into the other buffers
-        (``pingpong``), the other layers and their momentum into spare tensors of the same
-        shapes (``_spare_step``), with the same arithmetic; the step's tensors replace the old
-        ones in ``net.params`` and ``buffers``. A call is undone by putting back references
-        (the lists, ``spares``), with no copy."""
-        net = self.net
-        if net is None:
-            return
-        out = net.out_rows()
-        for pp in out:
-            pp.guard()
-        self._guarded = tuple(range(len(net.params)))
-
-    def pingpongs(self) -> list[PingPong]:
-        """Every growing-rows object of the step (the net's output layer, the momentum)."""
-        net = self.net
-        return [*(net.out or ()), *self.rows.values()] if net is not None else []
-
-    def _rows_step(self, params: list[torch.Tensor], i: int, d: torch.Tensor) -> None:
-        """The output layer's step (``step``'s arithmetic) on growing rows, out of place when
-        guarded: buf = m buf + d into the momentum's target, p - lr buf into the layer's."""
-        p, pp = params[i], self.net.out[i - len(params) + 2]
-        mp = self.rows.get(i)
-        if mp is None or not mp.holds(self.buffers[i]):
-            buf = self.buffers[i]
-            mp = self.rows[i] = PingPong(buf if buf is not None and buf.shape[1:] == p.shape[1:]
-                                         else p.new_zeros((0, *p.shape[1:])))
-        if mp.n < len(p):  # new classes: zero momentum rows, as _fit pads
-            mp.grow_zeros(len(p) - mp.n)
-        if i in self._guarded:
-            mp.guard()
-            self._guarded = tuple(j for j in self._guarded if j != i)
-        old, new = mp.target()
-        torch.mul(old, self.momentum, out=new)
-        new.add_(d)
-        buf = self.buffers[i] = mp.commit()
-        old, new = pp.target()
-        torch.sub(old, buf, alpha=self.lr, out=new)
-        p.grad = None
-        params[i] = pp.commit()
-
-    @torch.no_grad()
-    def step(self, params: list[torch.Tensor]) -> None:
-        self.clip(params)
-        net = self.net
-        rows = net is not None and params is net.params and net.out is not None and all(
-            pp.holds(t) for pp, t in zip(net.out, params[-2:], strict=True))
-        for i, p in enumerate(params):
-            if p.grad is None:
+            clip_grad_norm_(grads, self.max_grad_norm)
+        new_params, new_buffers = [], []
+        for p, g, buf in zip(params, grads, self.buffers, strict=True):
+            if g is None:
+                new_params.append(p)
+                new_buffers.append(buf)
                 continue
-            d = p.grad
-            if self.weight_decay:
-                d = d.add(p, alpha=self.weight_decay)
-            if rows and i >= len(params) - 2:
-                self._rows_step(params, i, d)
-                continue
-            buf = self.buffers[i]
-            if buf is None or buf.shape != p.shape:
-                buf = self._fit(buf, p.shape, p.device)  # first step: 0 * m + d == d, as torch does
-            elif rows and i in self._guarded:
-                self._spare_step(params, i, d, buf)
-                continue
-            buf.mul_(self.momentum).add_(d)
-            self.buffers[i] = buf
-            if rows and i in self._guarded:  # a fresh momentum buffer: the parameter only
-                self._spare_step(params, i, None, buf)
-                continue
-            p.sub_(buf, alpha=self.lr)
-            p.grad = None
-
-    def _spare_step(self, params: list[torch.Tensor], i: int, d: torch.Tensor | None,
-                    buf: torch.Tensor) -> None:
-        """``step``'s arithmetic for parameter ``i`` of a guarded step, out of place: buf = m
-        buf + d (``d`` None: ``buf`` is already the new momentum, a fresh tensor) and p - lr buf
-        written into spare tensors, which replace ``buf`` and ``p``; the old ones, untouched,
-        become the spares (``torch.mul(b, m, out=s)`` / ``torch.sub(p, b, out=s)`` compute what
-        ``b.mul_(m)`` / ``p.sub_(b)`` do, bit for bit)."""
-        p = params[i]
-        self._guarded = tuple(j for j in self._guarded if j != i)
-        sp, sb = self.spares.get(i, (None, None))
-        if sp is None or sp.shape != p.shape or sp.device != p.device or sp is p:
-            sp = torch.empty_like(p).requires_grad_(p.requires_grad)
-        if d is not None:
-            if sb is None or sb.shape != buf.shape or sb.device != buf.device or sb is buf:
-                sb = torch.empty_like(buf)
-            torch.mul(buf, self.momentum, out=sb)
-            sb.add_(d)
-            buf, sb = sb, buf
-        torch.sub(p, buf, alpha=self.lr, out=sp)
-        p.grad = None
-        self.buffers[i], params[i] = buf, sp
-        self.spares[i] = (p, sb)  # (the undo record keeps a copy of the dict: ``keep``)
+            d = g.add(p, alpha=self.weight_decay) if self.weight_decay else g
+            if buf is None or buf.shape != p.shape:  # first step / grown: 0 * m + d == d
+                buf = self._fit(buf, p.shape, p.device).mul_(self.momentum).add_(d)
+            else:
+                buf = buf.mul(self.momentum).add_(d)
+            new_buffers.append(buf)
+            new_params.append(p.detach().sub(buf, alpha=self.lr).requires_grad_(p.requires_grad))
+        self.buffers = new_buffers
+        return new_params
 
     @staticmethod
     def _fit(buf: torch.Tensor | None, shape: torch.Size,
              device: torch.device | None = None) -> torch.Tensor:
-        """Zero-pad a momentum buffer to a grown parameter's shape (on the parameter's device)."""
+        """A momentum buffer zero-padded to a grown parameter's shape (a new tensor)."""
         out = torch.zeros(shape, device=device)
         if buf is not None:
             out[tuple(slice(0, s) for s in buf.shape)] = buf
@@ -303,6 +209,5 @@ def train_offline(Z: np.ndarray, yi: np.ndarray, n_classes: int, *, epochs: int,
             idx = perm[s:s + batch_size]
             loss = F.cross_entropy(net(X[idx]), Y[idx])
             check_finite(loss, X[idx], name="offline training", n_seen=s, lr=lr)
-            loss.backward()
-            opt.step(net.params)
+            net.params = opt.step(net.params, torch.autograd.grad(loss, net.params))
     return net

@@ -1,18 +1,17 @@
-"""Cheap all-or-nothing: class-indexed arrays that grow by capacity doubling, and undo records
-of only what a step overwrites.
+"""Rollback by references: the records a learner's ``_undo_record`` returns, and the rows that
+grow by capacity doubling.
 
-``Learner`` calls a learner's ``_undo_record(yi)`` before a call that may grow the model (a new
-class, a ``learn_many`` batch, ``fit_base``) and its ``_undo(record, n_classes)`` if the call
-raises; the learner restores what the record holds and drops the classes from ``n_classes``
-on. Nothing here copies a learner's whole state:
+The state rule (docs/design.md, "State: one rule"): a tensor, once published in a learner's
+state, is never written in place; a step computes new tensors and assigns them after its checks.
+So a record of a call is the object's attributes by reference, taken before the call, and
+rollback puts them back -- no value is copied:
 
-- ``Rows``: a (n, ...) tensor grown by capacity doubling (a new class costs amortised O(row)),
-  rolled back by truncation;
-- ``keep(obj, *mutable)``: an object's attributes by reference (lists and dicts as shallow
-  copies), plus copies of the contents of the tensors named in ``mutable`` -- those a step
-  changes in place. Everything a step *replaces* (a grown layer, a refreshed prior) is restored
-  by putting the old reference back, at no copy;
-- ``keep_attrs(obj, names, mutable)``: the same for some attributes only.
+- ``keep(obj)``: every attribute of ``obj`` by reference (lists and dicts as shallow copies;
+  attributes added later are removed on ``restore``);
+- ``keep_attrs(obj, names)``: the same for some attributes only;
+- ``Rows``: a class-indexed (n, ...) tensor grown in place past its live length by capacity
+  doubling (a new class costs amortised O(row)); rollback truncates it, and a reader sees only
+  the rows below the length it read.
 """
 
 from __future__ import annotations
@@ -63,50 +62,26 @@ class Rows:
         self.n = len(data)
 
 
-def _contents(v: Any) -> Any:
-    """Copies of a tensor's or a list of tensors' values (None kept)."""
-    if isinstance(v, torch.Tensor):
-        return v.detach().clone()
-    if isinstance(v, list | tuple):
-        return [_contents(x) for x in v]
-    return None
-
-
-def _copy_back(v: Any, saved: Any) -> None:
-    if isinstance(v, torch.Tensor) and saved is not None:
-        with torch.no_grad():
-            v.copy_(saved)
-        if v.requires_grad:
-            v.grad = None  # a gradient left by the failed step would add to the next one
-    elif isinstance(v, list | tuple):
-        for x, s in zip(v, saved, strict=True):
-            _copy_back(x, s)
-
-
 def _shallow(v: Any) -> Any:
     return list(v) if isinstance(v, list) else dict(v) if isinstance(v, dict) else v
 
 
-def keep_attrs(obj: Any, names: tuple[str, ...] | list[str], mutable: tuple[str, ...] = ()
-               ) -> tuple:
-    """An undo record of ``obj``'s attributes ``names`` (see the module docstring)."""
-    values = {k: _shallow(getattr(obj, k)) for k in names}
-    return obj, values, {k: _contents(values[k]) for k in mutable}, False
+def keep_attrs(obj: Any, names: tuple[str, ...] | list[str]) -> tuple:
+    """A record of ``obj``'s attributes ``names``, by reference."""
+    return obj, {k: _shallow(getattr(obj, k)) for k in names}, False
 
 
-def keep(obj: Any, *mutable: str) -> tuple:
-    """An undo record of every attribute of ``obj`` (attributes added later are removed on
-    ``restore``)."""
-    return *keep_attrs(obj, list(vars(obj)), mutable)[:3], True
+def keep(obj: Any) -> tuple:
+    """A record of every attribute of ``obj``, by reference (attributes added later are removed
+    on ``restore``)."""
+    return obj, {k: _shallow(v) for k, v in vars(obj).items()}, True
 
 
 def restore(record: tuple) -> None:
     """Put back what ``keep`` / ``keep_attrs`` recorded."""
-    obj, values, contents, whole = record
+    obj, values, whole = record
     if whole:
         for k in [k for k in vars(obj) if k not in values]:
             delattr(obj, k)
     for k, v in values.items():
         setattr(obj, k, _shallow(v))
-    for k, saved in contents.items():
-        _copy_back(values[k], saved)
