@@ -87,3 +87,17 @@ def test_check_learner_never_gives_an_empty_reason(user_modules, monkeypatch):
         ciosl.check_learner(load_method("rt3_learners:NoDescription"))
     assert "fails check_metadata with settings {}: AssertionError: assert cls.description" in (
         str(err.value))
+
+
+@pytest.mark.parametrize("method", ["finetune", "ewc", "ciosl", "ncm", "tinyer"])
+def test_the_rollback_checks_fail_when_rollback_is_broken(method, monkeypatch):
+    """Rollback broken once (the learner's ``_undo`` puts nothing back): the conformance
+    checks of the all-or-nothing promise fail, so their passing means something."""
+    from ciosl.conformance import check_failure_rolls_back, check_faults
+    from ciosl.learners import available_methods
+
+    cls = available_methods()[method]
+    monkeypatch.setattr(cls, "_undo", lambda self, record, n_classes: None)
+    for check in (check_faults, check_failure_rolls_back):
+        with pytest.raises(AssertionError):
+            check(cls, {})

@@ -5,6 +5,7 @@ serialises its public calls)."""
 
 from __future__ import annotations
 
+import sys
 import threading
 
 import numpy as np
@@ -15,6 +16,16 @@ from ciosl.learners.base import Learner, lock_of
 from ciosl.serial import digest
 
 N, D = 90, 6
+
+
+@pytest.fixture(autouse=True)
+def _switch_often():
+    """Threads switch every microsecond (not every 5 ms): a race the lock did not prevent would
+    show within these few calls."""
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    yield
+    sys.setswitchinterval(old)
 
 
 def _stream():

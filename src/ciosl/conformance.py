@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import re
+import sys
 from collections.abc import Callable
 
 import numpy as np
@@ -326,8 +328,8 @@ def check_save_load(cls, settings) -> None:
 
 
 def check_copies(cls, settings) -> None:
-    """(6c) ``copy.deepcopy`` and ``pickle`` give a learner that predicts and continues
-    learning identically, as save and load do."""
+    """(6c) ``copy.deepcopy``, ``pickle`` and ``clone()`` + ``load_state_dict`` give a learner
+    that predicts and continues learning identically, as save and load do."""
     import copy
     import pickle
 
@@ -336,7 +338,9 @@ def check_copies(cls, settings) -> None:
     half = len(ys) // 2
     learner = learn(cls(**settings).fit_base(Zb, [INT_LABELS[k] for k in yb]), Zs[:half],
                     ys[:half])
-    twins = [copy.deepcopy(learner), pickle.loads(pickle.dumps(learner))]
+    cloned = learner.clone()
+    cloned.load_state_dict(learner.state_dict())
+    twins = [copy.deepcopy(learner), pickle.loads(pickle.dumps(learner)), cloned]
     learn(learner, Zs[half:], ys[half:])
     for twin in twins:
         assert type(twin) is cls and twin.get_params() == learner.get_params()
@@ -533,6 +537,135 @@ def check_nonfinite_step_rolls_back(cls, settings) -> None:
         "after a rolled-back non-finite step the learner continues differently from a twin")
 
 
+class InjectedFault(RuntimeError):
+    """The fault ``check_faults`` raises at a torch operation or a line of ciosl's code."""
+
+
+class _TorchFaults(torch.overrides.TorchFunctionMode):
+    """Counts the torch operations run under it; raises ``exc`` at the ``at``-th (1-based)."""
+
+    def __init__(self, at: int | None, exc: type[BaseException]):
+        super().__init__()
+        self.n, self.at, self.exc = 0, at, exc
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.n += 1
+        if self.n == self.at:
+            raise self.exc(f"fault injected at torch operation {self.n} ({func})")
+        return func(*args, **(kwargs or {}))
+
+
+_CIOSL = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+class _LineFaults:
+    """Counts the lines of ciosl's own code (not this file's) run under it (``sys.settrace``);
+    raises ``exc`` at the ``at``-th."""
+
+    def __init__(self, at: int | None, exc: type[BaseException]):
+        self.n, self.at, self.exc = 0, at, exc
+
+    def _local(self, frame, event, arg):
+        if event == "line":
+            self.n += 1
+            if self.n == self.at:
+                raise self.exc(f"fault injected at line {frame.f_lineno} of "
+                               f"{os.path.basename(frame.f_code.co_filename)}")
+        return self._local
+
+    def _global(self, frame, event, arg):
+        f = frame.f_code.co_filename
+        return self._local if f.startswith(_CIOSL) and f != __file__ else None
+
+    def __enter__(self):
+        self._old = sys.gettrace()
+        sys.settrace(self._global)
+        return self
+
+    def __exit__(self, *exc):
+        sys.settrace(self._old)
+        return False
+
+
+FAULT_POINTS = 4  # injection points per call and kind (evenly spaced, the first and the last)
+
+
+def check_faults(cls, settings) -> None:
+    """(9d) All-or-nothing under real faults: a ``RuntimeError`` or a ``KeyboardInterrupt``
+    raised at a torch operation, or at a line of ciosl's code, inside ``learn_one`` (a known
+    and a new class), ``learn_many`` (a new class among known ones) and ``fit_base`` (on a
+    fresh learner) leaves the state digest as before the call -- or, for a fault past the
+    call's commit point, as after the complete call -- and the learner then learns exactly as a
+    twin that never saw the fault. ``FAULT_POINTS`` points per call and kind."""
+    import copy
+
+    from ciosl.serial import digest
+
+    Zb, yb, Zs, ys = class_stream()
+    half = int(np.flatnonzero(ys == 3)[0])  # classes 3 and 4 still to come
+    lab = [INT_LABELS[k] for k in ys]
+    base_y = [INT_LABELS[k] for k in yb]
+    state = learn(cls(**settings).fit_base(Zb, base_y), Zs[:half], ys[:half]).state_dict()
+
+    def fresh(fitted_: bool) -> Learner:
+        learner = cls(**settings)
+        if fitted_:
+            learner.load_state_dict(copy.deepcopy(state))
+        return learner
+
+    calls = {"learn_one (known class)": (True, lambda L: L.learn_one(Zs[0], lab[0])),
+             "learn_one (new class)": (True, lambda L: L.learn_one(Zs[half], lab[half])),
+             "learn_many": (True, lambda L: L.learn_many(Zs[[0, half, 1]],
+                                                         [lab[0], lab[half], lab[1]])),
+             "fit_base": (False, lambda L: L.fit_base(Zb, base_y))}
+
+    def later(learner: Learner) -> str:
+        if learner.dim_ is None:
+            learner.fit_base(Zb, base_y)
+        learn(learner, Zs[half + 1:half + 6], ys[half + 1:half + 6])
+        return digest(learner.state_dict())
+
+    def digest_of(learner: Learner) -> str | None:
+        return None if learner.dim_ is None else digest(learner.state_dict())
+
+    def run(fitted_: bool, call: Callable, injector) -> tuple[Learner, bool]:
+        learner = fresh(fitted_)
+        grad = torch.is_grad_enabled()
+        try:
+            with injector:
+                call(learner)
+        except (Exception, KeyboardInterrupt):  # the fault, or an error the learner made of it
+            return learner, True
+        finally:  # torch's global grad mode is the process's, not the learner's
+            torch.set_grad_enabled(grad)
+        return learner, False
+
+    for what, (fitted_, call) in calls.items():
+        before_learner = fresh(fitted_)
+        before = digest_of(before_learner)
+        done_learner = fresh(fitted_)
+        call(done_learner)
+        done = digest_of(done_learner)
+        outcomes = {before: later(before_learner), done: later(done_learner)}
+        for kind, injector in (("torch operation", _TorchFaults), ("line", _LineFaults)):
+            counter = injector(None, InjectedFault)
+            run(fitted_, call, counter)
+            ks = sorted({int(round(v)) for v in np.linspace(1, counter.n, FAULT_POINTS)})
+            for i, k in enumerate(ks):
+                exc = KeyboardInterrupt if i % 2 else InjectedFault
+                learner, raised = run(fitted_, call, injector(k, exc))
+                if not raised:  # the learner caught the fault itself and went on
+                    continue
+                now = digest_of(learner)
+                where = f"{what}: {exc.__name__} at {kind} {k} of {counter.n}"
+                assert now in outcomes, f"{where} left the state changed (neither before " \
+                    "nor after the call)"
+                assert later(learner) == outcomes[now], (
+                    f"{where}: the state digest is unchanged, but the learner then learns "
+                    "differently from a twin that never saw the fault (state kept outside "
+                    "state_dict?)")
+
+
 def check_metadata(cls, settings) -> None:
     """(10) Registry name, single-pass flag, description and one help line per setting."""
     assert cls.name and available_methods().get(cls.name, cls) is cls, (
@@ -549,7 +682,8 @@ CHECKS = [check_constructor, check_emerging_classes, check_probabilities,
           check_state_round_trip, check_novelty_score,
           check_save_load, check_copies, check_memory_capacity, check_above_chance,
           check_bad_input,
-          check_failure_rolls_back, check_nonfinite_step_rolls_back, check_metadata]
+          check_failure_rolls_back, check_nonfinite_step_rolls_back, check_faults,
+          check_metadata]
 
 
 def _reason(e: BaseException) -> str:

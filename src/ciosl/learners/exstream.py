@@ -111,10 +111,11 @@ class ExStream(FineTune):
         """The classes holding each number of prototypes > 0 (built once, then kept up to date
         by ``_resized``; dropped on rollback and load)."""
         if self._by_size is None:
-            self._by_size = {}
+            by: dict[int, set[int]] = {}  # built, then assigned (a fault leaves no half cache)
             for c, P in enumerate(self.protos):
                 if len(P):
-                    self._by_size.setdefault(len(P), set()).add(c)
+                    by.setdefault(len(P), set()).add(c)
+            self._by_size = by
         return self._by_size
 
     def _resized(self, c: int, old: int) -> None:
