@@ -108,3 +108,55 @@ def test_the_lock_is_per_learner_and_outside_its_state():
     for twin in (copy.deepcopy(a), pickle.loads(pickle.dumps(a))):
         assert lock_of(twin) is not lock_of(a)
         assert digest(twin.state_dict()) == digest(a.state_dict())
+
+
+@pytest.mark.parametrize("method", ["tinyer", "ciosl", "ewc"])
+def test_a_prediction_never_waits_for_a_learn_step(method):
+    """While a learn step is held inside its update (holding the learner's lock), another
+    thread's predictions answer at once, from the last published state: the classes and
+    probabilities from before the step. After the step they include its new class."""
+    x, y = _stream()
+    learner = make_learner(method)
+    learner.fit_base(x[:12], y[:12])
+    before = learner.predict_proba(x[:4])
+    inside, release = threading.Event(), threading.Event()
+    step = learner._learn_one
+
+    def held(z, yi):
+        inside.set()
+        assert release.wait(60)
+        step(z, yi)
+
+    learner._learn_one = held
+    learning = threading.Thread(target=learner.learn_one, args=(x[20], 99))
+    learning.start()
+    try:
+        assert inside.wait(60)
+        answers = []
+        reader = threading.Thread(target=lambda: answers.append(
+            (list(learner.published().classes_), learner.predict_proba(x[:4]),
+             learner.predict(x[:4]))))
+        reader.start()
+        reader.join(60)
+        assert not reader.is_alive() and learning.is_alive()  # answered while the step waits
+        classes, P, labels = answers[0]
+        assert classes == list(range(4)) and 99 not in classes
+        np.testing.assert_array_equal(P, before)
+        assert set(labels.tolist()) <= set(classes)
+    finally:
+        release.set()
+        learning.join(60)
+    del learner._learn_one
+    assert learner.classes_[-1] == 99 and learner.predict_proba(x[:4]).shape == (4, 5)
+
+
+def test_a_published_state_is_read_only():
+    x, y = _stream()
+    learner = make_learner("tinyer")
+    learner.fit_base(x[:12], y[:12])
+    view = learner.published()
+    learner.learn_one(x[20], 99)
+    assert view.classes_ == list(range(4)) and learner.published().classes_[-1] == 99
+    with pytest.raises(TypeError, match="published state"):
+        view.learn_one(x[0], 0)
+    assert make_learner("slda").fit_base(x[:12], y[:12]).published() is None

@@ -58,6 +58,7 @@ class AllOrNothing:
             yield
             if record is not None:
                 self._undo_done(record)
+            self._publish()
         except BaseException:
             if saved is not None:
                 self.load_state_dict(saved, check=False)
@@ -125,6 +126,10 @@ class AllOrNothing:
     def _undo(self, record: Any, n_classes: int) -> None:
         """Restore what ``record`` holds and keep only the first ``n_classes`` classes."""
         raise NotImplementedError
+
+    def _publish(self) -> None:
+        """Make the state as it is now the one predictions from other threads read
+        (``Learner.published``); nothing here."""
 
     def _undo_done(self, record: Any) -> None:
         """The call succeeded: ``record`` is dropped (a learner ends a journal here)."""

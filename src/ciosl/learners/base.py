@@ -198,15 +198,37 @@ def lock_of(learner: Any) -> threading.RLock:
     return lock
 
 
+# the calls that only read: with a published state (``Learner.published``) they answer from
+# it, without the lock, so a prediction never waits for a learn step
+READS = frozenset({"predict_proba", "predict", "predict_proba_one", "predict_one",
+                   "novelty_score", "score"})
+# what a published state refuses: it shares the learner's replay memory and optimizer, which
+# the learner writes
+WRITES = frozenset({"fit_base", "learn_one", "learn_many", "save", "state_dict",
+                    "load_state_dict"})
+
+
 def _no_exit(fn: Callable) -> Callable:
     """``fn`` under the learner's lock (``lock_of``: one public call at a time, from any
-    thread), with ``SystemExit`` turned into ``LearnerError`` naming the method."""
+    thread), with ``SystemExit`` turned into ``LearnerError`` naming the method. A reading call
+    (``READS``) of a learner with a published state runs on that state, without the lock."""
     if getattr(fn, "_ciosl_no_exit", False):
         return fn
+    reads, writes = fn.__name__ in READS, fn.__name__ in WRITES
 
     @functools.wraps(fn)
     def guarded(self, *args, **kwargs):
         try:
+            if writes and self.__dict__.get("_frozen"):
+                raise TypeError(f"{self.name}: {fn.__name__} on a published state (a read-only "
+                                "twin: Learner.published); call it on the learner")
+            if reads:
+                state = self.__dict__
+                if state.get("_frozen"):  # a published state: nobody writes it
+                    return fn(self, *args, **kwargs)
+                pub = state.get("_pub")
+                if pub is not None:
+                    return fn(pub, *args, **kwargs)
             with lock_of(self):
                 return fn(self, *args, **kwargs)
         except SystemExit as e:
@@ -244,6 +266,12 @@ class Learner(AllOrNothing, Persistent):
     # what ``novelty_score`` measures, in words (result files and reports name it); a learner
     # with a score of its own (a distance, a predictive uncertainty) says so here
     novelty: ClassVar[str] = NOVELTY_DEFAULT
+
+    # the attributes (objects) a prediction reads besides the learner's own: a learner whose
+    # predictions read only tensors that a step replaces (the state rule) names them, and its
+    # predictions from any thread answer from the last published state without waiting for a
+    # learn step (``published``). None: predictions take the learner's lock.
+    published_parts: ClassVar[tuple[str, ...] | None] = None
 
     # settings added after results began recording every setting, with the value the results
     # written before them ran at: reports read a result that lacks one at that value, not at
@@ -377,6 +405,34 @@ class Learner(AllOrNothing, Persistent):
         self.n_seen_: int = 0
         self.rng = np.random.default_rng(self.seed)
         self.torch_rng = torch.Generator().manual_seed(int(self.seed))
+
+    def _publish(self) -> None:
+        """The state as it is now becomes the one predictions read (``published``): a shallow
+        twin of the learner and of its ``published_parts`` (references to tensors no step
+        writes), with its own copy of ``classes_``. O(attributes + classes)."""
+        parts = type(self).published_parts
+        if parts is None or self.dim_ is None or self.violates_single_pass:
+            self.__dict__.pop("_pub", None)
+            return
+        state = dict(self.__dict__)
+        state.pop("_pub", None)
+        state["classes_"] = list(self.classes_)
+        for name in parts:
+            part = state[name]
+            twin = object.__new__(type(part))
+            twin.__dict__.update(part.__dict__)
+            state[name] = twin
+        state["_frozen"] = True
+        pub = object.__new__(type(self))
+        pub.__dict__.update(state)
+        self._pub = pub
+
+    def published(self) -> Learner | None:
+        """The last published state: a read-only twin that answers ``predict_proba``,
+        ``predict``, ``novelty_score``... as this learner did at the end of its last call, and
+        that no later call changes (None for a learner whose predictions take the lock). Its
+        ``classes_`` are the columns of its answers."""
+        return self.__dict__.get("_pub")
 
     def clone(self) -> Learner:
         """An untrained learner with the same settings."""

@@ -3,43 +3,24 @@
 The head is ``bnn.BayesMLP`` (hidden [256, 256], ReLU, mean-field Gaussian). One update per
 sample has two parts:
 
-1. **Means: one SGD step** (lr, momentum, weight decay; torch's fused kernel; the step size
-   clipped to ``max_grad_norm``, ``head.clip_grad_norm_``, so that no step runs past SGD's
-   stability bound on large features or stiff distillation targets) on the paper's
-   per-sample objective (Eq. 3 + Eq. 6):
+1. **Means: one SGD step** (lr, momentum, weight decay; torch's fused kernel; the gradient
+   clipped to ``max_grad_norm``) on the paper's per-sample objective (Eq. 3 + Eq. 6):
 
        L = mean_{labelled rows} CE(f(z_i), y_i)    f ~ q: one local-reparameterization draw
          + lambda2 * mean_{distilled rows} sum_{c < c_j} (h_jc - f(z_j)_c)^2            (Eq. 6)
          + lambda1 * (T / N) * KL(q || prior)                                          (Eq. 3)
 
-   N = samples seen (base init included), T = ``temperature`` (CIOSL's ``kl_data`` offers two
-   other divisors). With lambda1 = 1 this is the tempered per-sample ELBO (KL / dataset size,
-   as VCL and Bayes by backprop scale it, times the temperature). The KL's gradient on a mean
-   is ``pi_p (mu - m_p)``: each weight is anchored to the prior's mean by the prior's own,
-   learned, precision.
-2. **Scales: the natural-gradient (Bayesian learning rule) precision update** of the same
-   tempered ELBO, ``pi = pi_0 + (N / T) * Fbar`` (``bnn.py``): Fbar, the running diagonal
-   Fisher of the likelihood, takes one step from the rows of this update. Plain SGD on a
-   softplus scale cannot do this (its gradient is scaled by sigma, so from a small init the
-   scales never move; DESIGN.md's second trap).
+   N = samples seen, T = ``temperature``. The KL's gradient on a mean is ``pi_p (mu - m_p)``.
+2. **Scales: the natural-gradient precision update** ``pi = pi_0 + (N / T) * Fbar``
+   (``bnn.py``); plain SGD on a softplus scale cannot move them (DESIGN's second trap).
 
-Why this combination (each a measured design decision; see docs/findings.md, "The
-posterior"):
+The prior is refreshed to the posterior per ``prior_refresh`` (DESIGN's first trap). Base
+training uses the initial prior; after it the prior is the base posterior.
 
-- The precision's fixed point is that of the tempered ELBO under the initial prior
-  N(0, s^2 / fan_in), with every sample seen counted once: the curvature of the whole stream so
-  far, not of the replayed rows again at every refresh (taking the sigma-gradient of the KL to a
-  refreshed prior would count the data before the refresh twice at every refresh).
-- The temperature T < 1 ("cold posterior", Wenzel et al. 2020): the exact (T = 1) posterior
-  of a 400k-weight MLP given a few thousand samples leaves most first-layer weights near their
-  prior, and training under that noise loses accuracy; T scales the evidence up and the KL down
-  together, so lambda1 = 1 is still the ELBO (of the tempered posterior), and the anchor's
-  stiffness ``lambda1 T pi_p / N ~ lambda1 (N_p / N) Fbar`` is about the likelihood's own
-  curvature, whatever T.
-- The prior is refreshed to the posterior per ``prior_refresh`` (DESIGN.md's first trap: a
-  prior equal to the previous step's posterior makes the KL inert; ``"step"`` is kept for the
-  ablation). Base training uses the initial prior; after it the prior is the base posterior.
-- Weight decay applies to the means.
+State (docs/design.md): a step replaces the head's vectors and the momentum (torch's fused SGD
+kernel runs on copies); rollback puts the references back (``undo.keep``).
+
+Why this combination (measured): docs/findings/bayesian-head.md.
 """
 
 from __future__ import annotations
@@ -172,6 +153,7 @@ class BayesHead(Learner):
     precision_floor: ClassVar[str] = "none"
     # the paper trains with plain SGD and an untempered KL (reports label other values)
     paper_values: ClassVar[dict[str, Any]] = {"max_grad_norm": math.inf, "temperature": 1.0}
+    published_parts: ClassVar[tuple[str, ...] | None] = ("net",)  # predictions read it
     # the Fisher EMA rate was a constant, 0.01, before it was a setting
     added_settings: ClassVar[dict[str, Any]] = {"fisher_decay": 0.01}
 

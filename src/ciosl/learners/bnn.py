@@ -2,56 +2,28 @@
 scales inferred from the data's curvature.
 
 Every weight and bias has a mean mu and a precision pi = 1 / sigma^2. The means are flat
-parameters ``mu`` (P,) trained by the learner's optimizer (SGD in the paper); per-tensor views
-``mu_l`` follow the layout [W1, b1, W2, b2, ...].
-
-The precisions are not gradient parameters. They follow the natural-gradient (Bayesian learning
-rule / VOGN-style) estimate of a mean-field Gaussian posterior, whose fixed point is
+parameters ``mu`` (P,) trained by the learner's optimizer; per-tensor views ``mu_l`` follow the
+layout [W1, b1, W2, b2, ...], the output layer last. The precisions are not gradient
+parameters: they follow the natural-gradient (Bayesian learning rule / VOGN) fixed point
 
     pi = pi_0 + E * Fbar
 
-- ``pi_0`` (P,): the precision of the initial prior N(0, s^2 / fan_in) of each layer
-  (``prior_scale`` s; s = 1 is the variance-preserving scale of He/LeCun init);
-- ``Fbar`` (P,): a running (exponential, bias-corrected) average of the diagonal Fisher of the
-  per-sample likelihood, estimated at every step from the step's labelled rows with one label
-  per row drawn from the model's own predictive (so it is the true Fisher / GGN diagonal of the
-  softmax likelihood, not the empirical Fisher, and does not vanish on well-fit samples);
-- ``E = evidence``: how many samples the posterior accounts for, divided by the temperature
-  (the learner sets it: samples seen / temperature).
+with ``pi_0`` the initial prior's precision, ``Fbar`` a running average of the diagonal Fisher
+of the per-sample likelihood (labels drawn from the model's own predictive) and ``E`` the
+evidence (samples seen / temperature). So each weight's scale is learned from the data.
 
-So the scale of each weight is learned from the data: a weight fed by an input that is always
-(near) zero gets no curvature and stays at its prior; a weight on an informative input gets
-precision that grows with the data. ``Fbar`` uses per-row squared gradients: for a linear layer
-the per-row gradient of W is outer(g_r, h_r), so sum_r g_r^2 outer h_r^2 is one extra matmul.
-
-Passes:
-
-- ``forward_local``: the local reparameterization trick (Kingma, Salimans & Welling 2015). With
-  independent Gaussian weights the pre-activation of a row x is exactly Gaussian, mean
-  ``x mu^T + b_mu`` and variance ``x^2 (sigma^2)^T + sigma_b^2``; one draw per row and unit.
-  Optional further rows re-use the layer-1 moments of the first input rows with fresh noise
-  (more independent draws of those rows' outputs at no layer-1 cost: CIOSL's uncertainty).
-- ``backward``: hand-written gradient of the means, into a flat (P,) buffer.
-- ``accumulate_fisher``: the Fisher estimate of a step's rows into ``Fbar``.
-- ``add_kl_grad``: the closed-form gradient of KL(q || prior) with respect to the means,
-  ``pi_p (mu - m_p)``: each weight anchored by its own learned precision.
-- ``forward_sampled``: k weight samples shared by all rows, ``(k, n, C)`` (MC predictive).
-- ``forward_mean``: the mean weights.
-
-KL: closed form between diagonal Gaussians, ``sum log(s_p/s_q) + (s_q^2 + (m_q - m_p)^2) /
-(2 s_p^2) - 1/2``, against a prior that is a pair of flat tensors (means, precisions) refreshed
-from the posterior on demand (``refresh_prior``).
-
-Init: means as ``torch.nn.Linear`` (uniform +-1/sqrt(fan_in)), ``Fbar`` = 0 (the posterior
-scales start at the prior's), prior N(0, s^2 / fan_in). Growth: a new output unit's mean is
-initialised as a fresh layer's would be, its curvature is 0 (so its scale is the prior's) and
-its prior is the initial prior. Nothing already learned moves.
+Passes: ``forward_local`` (local reparameterization), ``backward`` (hand-written gradient of
+the means), ``accumulate_fisher``, ``add_kl_grad`` (pi_p (mu - m_p)), ``forward_sampled`` (k
+weight samples), ``forward_mean``. KL: closed form between diagonal Gaussians, against a prior
+refreshed from the posterior on demand (``refresh_prior``).
 
 State (docs/design.md): every flat vector (mu, Fbar, the prior's means and precisions, pi_0)
 is a (P,) tensor that a step replaces, never writes in place; a refresh of the prior is a
 reference to the means. A new output unit makes new vectors (one concatenation each, O(P)).
 The step's temporaries (sigma^2, the KL's difference, the gradient) are rows of one work buffer,
 each written whole before it is read: scratch, not state.
+
+Design rationale: docs/findings/bayesian-head.md.
 """
 
 from __future__ import annotations

@@ -42,6 +42,7 @@ class FineTune(Learner):
         "seed": "seed of the weight init and the base-init shuffling",
     }
     paper_values: ClassVar[dict[str, Any]] = {"max_grad_norm": math.inf}  # plain SGD
+    published_parts: ClassVar[tuple[str, ...] | None] = ("net",)  # predictions read it
 
     def __init__(self, *, lr: float = 0.01, momentum: float = 0.9, weight_decay: float = 1e-5,
                  max_grad_norm: float = MAX_GRAD_NORM, base_epochs: int = 20,

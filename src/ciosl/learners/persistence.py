@@ -100,6 +100,7 @@ class Persistent:
         self.n_seen_ = sd["n_seen"]
         self.rng.bit_generator.state = copy.deepcopy(sd["rng"])
         self.torch_rng.set_state(sd["torch_rng"].clone())
+        self._publish()
 
     # ------------------------------------------------------------------ files
     def save(self, path: str | Path) -> Path:

@@ -1,47 +1,19 @@
 """VCL with a coreset (Nguyen et al. 2018, "Variational Continual Learning"), filled online.
 
-The streaming learner is exactly ``vcl`` (one SGD step per sample on CE + lambda1 * KL(q ||
-prior) / N, the prior the previous posterior per ``prior_refresh``) plus a coreset of
-``buffer`` items (``memory.ReplayMemory``). Before inference, a COPY of the head is fine-tuned
-on the coreset and answers; the streamed posterior itself never sees the fine-tuning, so
-learning continues from the un-fine-tuned posterior, as in VCL (q~_t is propagated, q_t only
-predicts). Fine-tuning before inference breaks the single-pass rule (``violates_single_pass``;
-the paper marks VCL w/ C red).
+The streaming learner is exactly ``vcl`` plus a coreset of ``buffer`` items
+(``memory.ReplayMemory``, reservoir by default). Before inference, a COPY of the head is
+fine-tuned on the coreset and answers; the streamed posterior never sees the fine-tuning (VCL's
+q~_t is propagated, q_t only predicts). Fine-tuning before inference breaks the single-pass rule
+(``violates_single_pass``; the paper marks VCL w/ C red).
 
-Design choices:
+- Every sample is learned by the streaming step AND offered to the coreset.
+- Fine-tuning starts from q~_t with prior q~_t, for ``finetune_epochs`` epochs of the coreset,
+  the streaming step's objective with a fresh momentum buffer; its KL weight lambda1 T / |C| is
+  capped so that the KL's curvature on a mean stays <= 1 / lr.
+- The fine-tuned copy is a cache (not state) keyed by (samples seen, classes), rebuilt
+  identically from the same state: its generator is seeded by (seed, samples seen).
 
-- Coreset policy (``replacement``): ``"reservoir"`` by default, i.e. at every moment a uniform
-  random subset of everything seen (base init included): the online version of VCL's random
-  coreset selection. ``"class_balanced_random"`` (evict a random item of the largest class)
-  is the class-balanced alternative.
-- Every sample is learned by the streaming step AND offered to the coreset (VCL withholds its
-  coreset from the task's training data; in a stream an item evicted later would then never
-  be learned). The fine-tuning therefore counts the coreset items a second time.
-- Fine-tuning (VCL's q_t = proj(q~_t p(C | theta))): starts from the streamed posterior q~_t,
-  with prior q~_t (the copy's prior is refreshed to it), for ``finetune_epochs`` epochs of
-  shuffled ``finetune_batch_size`` mini-batches of the coreset, the streaming step's objective
-  (mean CE of one local-reparameterization draw per row + kl_scale * KL) with a fresh momentum
-  buffer and the same lr, momentum and weight decay.
-- KL weight of the fine-tuning: lambda1 T / |C| (the coreset's per-item tempered ELBO; the
-  copy keeps the streamed posterior's evidence N / T, so its scales stay those of q~_t),
-  capped so that the KL's curvature on a mean, kl_scale * max pi_p, stays <= 1 / lr (one plain
-  step can at most reach the prior mean; SGD with momentum 0.9 is stable below 3.8 / lr):
-  without it a prediction made after a handful of samples could diverge. The anchor is each
-  weight's learned precision (``bayes_head.py``), so the coreset moves the weights the stream
-  left uncertain and barely the well-determined ones. Digits class_iid, 3 runs (Omega_all
-  after base init): ``vcl`` 0.33, ``vcl_coreset`` 0.94, ``coreset_only`` 0.94 -- the paper has
-  the last two about equal. (With the former softplus scales, stuck at their init 0.02, every
-  mean had precision 1 / 0.02^2 and the copy hardly moved: 0.47 against ``coreset_only``'s 0.88.)
-- ``finetune_epochs`` = 10 by default, a middle ground between cost (one pass over the coreset
-  per epoch and testing event) and effect (measured with the former scales on digits
-  class_iid: 3 / 10 / 30 epochs gave ``coreset_only`` 0.58 / 0.88 / 0.95).
-- The fine-tuned copy is cached with (samples seen, classes) and reused until the posterior or
-  the coreset changes (every ``learn_one`` changes both). Its generator (shuffling and noise) is
-  seeded by (seed, samples seen), so the same state always gives the same copy and predicting
-  consumes none of the stream's randomness. The cache is not part of the state (a restored
-  learner rebuilds the identical copy).
-- ``fit_base``: ``vcl``'s base training, then every base sample is offered to the coreset in
-  the order given.
+Design rationale and measurements: docs/findings/bayesian-head.md.
 """
 
 from __future__ import annotations

@@ -266,8 +266,12 @@ class Service:
         return job.future
 
     def predict_proba(self, X: np.ndarray) -> tuple[list, np.ndarray]:
-        """The classes and the probabilities of ``X``, from one state of the learner."""
+        """The classes and the probabilities of ``X``, from one state of the learner: its last
+        published state where it has one (no wait for a learn step), else under its lock."""
         learner = self.learner
+        view = learner.published()
+        if view is not None:
+            return list(view.classes_), view.predict_proba(X)
         with lock_of(learner):
             if not learner.classes_:
                 raise LookupError("nothing learned yet: predict needs at least one class")
