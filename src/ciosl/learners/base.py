@@ -32,57 +32,33 @@ import numpy as np
 import torch
 
 from ciosl.checks import MAX_FEATURE, as_values, bad_feature  # noqa: F401 (MAX_FEATURE: public here too)
-from ciosl.errors import LearnerError, _describe, describe_learner, echo, writing  # noqa: F401
-from ciosl.learners.atomic import AllOrNothing, _hashable  # noqa: F401
-from ciosl.learners.persistence import (  # noqa: F401
-    FILE_FORMAT,
-    FILE_VERSION,
-    Persistent,
-    _nan_at,
-    state_problem,
-)
+from ciosl.errors import LearnerError, describe_learner, echo
+from ciosl.learners.atomic import AllOrNothing
+from ciosl.learners.persistence import FILE_VERSION, Persistent  # noqa: F401 (re-exported)
 
-# the registry, the settings and the file checksums live in their own modules; their names stay
-# importable from here (external code and saved files may name them here)
+# the registry, the settings and the checksums live in their own modules; the names other
+# modules import from here are re-exported (noqa: F401), no others
 from ciosl.learners.registry import (  # noqa: F401
-    _REGISTRY,
-    ENTRY_POINT_GROUP,
-    _load_all,
-    _register_external,
     available_methods,
     get_method,
     load_method,
     make_learner,
     register,
 )
-from ciosl.learners.settings import (  # noqa: F401
-    _DIGITS,
-    _TYPE_WORDS,
+from ciosl.learners.settings import (  # noqa: F401 (MAX_INT_DIGITS, parse_value re-exported)
     FLOAT_RANGE,
-    MAX_EPOCHS,
     MAX_INT_DIGITS,
-    MAX_INT_SETTING,
-    MAX_SEED,
     SETTING_RANGES,
     Range,
     Setting,
-    _short,
-    allows_inf,
     check_bound,
     check_finite,
     check_range,
     check_type,
-    int_bound,
     parse_value,
     plain,
 )
-from ciosl.serial import (  # noqa: F401
-    CHECKSUM_KEY,
-    checksum_problem,
-    digest,
-    serialize,
-    with_checksum,
-)
+from ciosl.serial import digest  # noqa: F401 (re-exported)
 
 SMALL_BATCH = 256  # predict_proba on fewer rows runs single-threaded too
 NOVELTY_DEFAULT = "1 - max probability"
