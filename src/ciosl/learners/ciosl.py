@@ -26,11 +26,11 @@ Design choices (each one a reading of the paper, made explicit):
   likelihood's and the KL barely acts. The default lambda1 = 30 makes the anchor to the last
   snapshot ~30 samples' worth of its learned curvature (lambda1 T pi_p / N ~ lambda1 (N_p / N)
   Fbar), whatever the stream's length: it measured ahead of lambda1 = 1 on all seven
-  development streams (docs/findings.md). ``"step"``: Eq. 3 as written, the step's 1 + N1' summed
+  development streams (docs/findings/kl-weight.md). ``"step"``: Eq. 3 as written, the step's 1 + N1' summed
   log-likelihoods minus lambda1 KL, i.e. lambda1 T / (1 + N1') against the mean NLL: an anchor
   of N_p / 17 samples that stiffens without bound as the stream grows; as good on the
   development streams, below the old default on the 60,000-sample fashion-mnist iid stream
-  (docs/findings.md). ``"window"``: T / ``refresh_every``. Base training uses T / N. The anchor's
+  (docs/findings/kl-weight.md). ``"window"``: T / ``refresh_every``. Base training uses T / N. The anchor's
   curvature on a mean is capped at 1 / lr (``bnn.BayesMLP.add_kl_grad``), where a heavy-ball
   SGD step would otherwise overshoot it.
 - Prior refresh (``prior_refresh``, the trap of DESIGN.md): with the prior equal to the previous
@@ -61,10 +61,10 @@ Design choices (each one a reading of the paper, made explicit):
   exponential average over ~1000 updates; as the model grows confident the curvature each
   sample brings falls, and without the floor the precision fell back to the initial prior's
   over a long stream: the means trained under the prior's noise, hidden units died and whole
-  classes were lost after 200k samples (docs/findings.md, "CIOSL over a long stream").
+  classes were lost after 200k samples (docs/findings/long-stream.md).
 - A non-finite loss raises FloatingPointError before the parameters or the memory move.
-- Switches beyond the paper, each defaulting to the paper's reading (docs/findings.md has their
-  measurements): ``train_draws`` averages the likelihood and distillation gradients over that
+- Switches beyond the paper, each defaulting to the paper's reading (docs/findings/posterior.md has
+  their measurements): ``train_draws`` averages the likelihood and distillation gradients over that
   many posterior draws per row (the ELBO's expectation, with less variance); ``uncertainty =
   "epistemic"`` ranks UAPN by the mutual information of label and weights instead of Eq. 7's
   total entropy; ``candidates`` makes UAPN / LAPN rank a uniform pool of that many items
@@ -88,13 +88,15 @@ UNCERTAINTIES = ("entropy", "epistemic")
 KL_DATA = ("seen", "window", "step")
 PRECISION_FLOORS = ("none", "prior")
 # CIOSL's Fisher EMA remembers ~1000 updates, not the Bayesian heads' ~100 (bayes_head.py):
-# chosen on the development streams, 10 paired runs (docs/findings.md)
+# chosen on the development streams, 10 paired runs (docs/findings/posterior.md)
 CIOSL_FISHER_DECAY = 0.001
 # orderings whose base init holds every class, on which the benchmark protocol replays
-# uniformly (the paper: iid only) and gives the tighter prior below (docs/findings.md)
+# uniformly (the paper: iid only) and gives the tighter prior below
+# (docs/findings/selection-and-replacement.md, docs/findings/prior-scale.md)
 UNIFORM_ORDERINGS = ("iid", "instance")
 # the protocol's prior scale on those orderings: 0.3 measured above 1 on all four development
-# iid / instance streams and below it on all four class streams, 10 paired runs (docs/findings.md)
+# iid / instance streams and below it on all four class streams, 10 paired runs
+# (docs/findings/prior-scale.md)
 FULL_BASE_PRIOR_SCALE = 0.3
 
 
@@ -217,7 +219,8 @@ class CIOSL(BayesHead):
         prior N(0, 0.3^2 / fan_in) (``FULL_BASE_PRIOR_SCALE``); the constructor's UAPN and
         prior scale 1 on the class orderings. The paper uses UAPN on instance too
         (``paper_values_for``); uniform measured above it there, and the tighter prior above
-        the constructor's on iid and instance, on the development streams (docs/findings.md)."""
+        the constructor's on iid and instance, on the development streams
+        (docs/findings/selection-and-replacement.md, docs/findings/prior-scale.md)."""
         out = super().protocol_defaults(ordering=ordering, spec=spec)
         if ordering in UNIFORM_ORDERINGS:
             return {**out, "selection": "uniform", "prior_scale": FULL_BASE_PRIOR_SCALE}

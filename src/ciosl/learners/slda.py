@@ -26,7 +26,7 @@ last answer, a base set, a rollback, a load) or the corrections would pass d / 4
 never factorizes anything.
 
 ``shrinkage_estimator="oas"`` (the default since issue 38's study on the development streams,
-docs/findings.md) chooses the shrinkage from the stream instead of ``shrinkage``: the Oracle
+docs/findings/shrinkage-and-ranpac.md) chooses the shrinkage from the stream instead of ``shrinkage``: the Oracle
 Approximating Shrinkage of Chen et al. (2010) on the pooled within-class covariance,
 Sigma_s = (1 - a) Sigma + a (tr Sigma / d) I, with a computed from tr Sigma, ||Sigma||_F^2 and
 the sample count t (``oas_shrinkage``: scikit-learn's ``OAS(assume_centered=True)`` on the
