@@ -33,7 +33,7 @@ Design choices (each one a reading of the paper, made explicit):
   (docs/findings/kl-weight.md). ``"window"``: T / ``refresh_every``. Base training uses T / N. The anchor's
   curvature on a mean is capped at 1 / lr (``bnn.BayesMLP.add_kl_grad``), where a heavy-ball
   SGD step would otherwise overshoot it.
-- Prior refresh (``prior_refresh``, the trap of DESIGN.md): with the prior equal to the previous
+- Prior refresh (``prior_refresh``, the first trap of docs/design.md): with the prior equal to the previous
   step's posterior and one step per sample, the KL and its gradient are exactly 0 at the step
   and lambda1 does nothing (``"step"``, kept for the ablation). ``"every"`` (default) sets the
   prior to the posterior every ``refresh_every`` stream samples, so within a window the KL
