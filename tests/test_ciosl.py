@@ -488,7 +488,7 @@ def test_fisher_decay_zero_keeps_what_the_stream_taught_the_posterior():
     of every update (a sum): it cannot fall while the data keeps coming. The default
     exponential average (rate 0.001) forgets instead: on this stream 80-90% of the weights
     lose precision between these checkpoints and the data's share of the precision falls
-    from 0.87 to 0.29 over 3,000 samples (docs/findings.md, "CIOSL over a long stream")."""
+    from 0.87 to 0.29 over 3,000 samples (docs/findings/long-stream.md)."""
     rng = np.random.default_rng(0)
     d, C, n = 32, 5, 1200
     centers = rng.normal(0, 2, (C, d)).astype(np.float32)
@@ -530,8 +530,7 @@ def _precision_trace(learner, n: int = 1200, every: int = 100):
 
 @pytest.mark.parametrize("floor", ["default", "none"])
 def test_the_precision_never_falls_below_what_the_prior_knew(floor):
-    """The guard of the long-stream decay's mechanism (docs/findings.md, "CIOSL over a long
-    stream"): as the model grows confident, the curvature the recent samples bring falls,
+    """The guard of the long-stream decay's mechanism (docs/findings/long-stream.md): as the model grows confident, the curvature the recent samples bring falls,
     and with the Fisher's exponential average the precision fell back towards the initial
     prior, the weights trained under the prior's noise and the hidden units died. With
     ``precision_floor="prior"`` the precision never falls below the last snapshot's, so the

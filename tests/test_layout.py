@@ -1,4 +1,4 @@
-"""The code flows one way: data -> learners -> evaluation -> report -> serve -> cli (shared/DESIGN.md).
+"""The code flows one way: data -> learners -> evaluation -> report -> serve -> cli (docs/design.md).
 A module imports from its own layer, from the layers before it and from the shared modules at
 the package's root (errors, fileio, checks), never from a layer after it."""
 

@@ -7,6 +7,7 @@ import copy
 import io
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from ciosl.evaluation.experiment import ExperimentSpec, resolve_settings, run_ex
 from ciosl.evaluation.metrics import mean_matrix, mean_std, omega_all, summary
 from ciosl.learners.base import get_method
 from ciosl.report.build import write_report
+from ciosl.report.departures import EVIDENCE
 from ciosl.report.results import load_entries
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -454,8 +456,32 @@ def test_shipped_reference_report_matches_its_results(tmp_path):
     assert all(len(label) <= 60 for label in main_rows)
     main_table = next(t for t in report.tables if t.kind == "main")
     assert any("lambda1=30.0" in what for _, what in main_table.legend)
-    # the shipped report links the legend's evidence to docs/findings.md
+    # the shipped report links the legend's evidence to docs/findings.md and to the sections of
+    # docs/findings/*.md that give it, each of which exists
     assert "Evidence: [docs/findings.md](../../findings.md)" in shipped
+    links = re.findall(r"\]\(\.\./\.\./(findings/[\w.-]+#[\w-]+)\)", shipped)
+    assert {target for _, target in EVIDENCE.values()} <= set(links)
+    for target in set(links):
+        assert _section_exists(folder.parent.parent, target), target
+
+
+def _section_exists(docs: Path, target: str) -> bool:
+    """Whether ``target`` (a file under docs/ and an anchor) names a heading of that file."""
+    path, anchor = target.split("#")
+    if not (docs / path).is_file():
+        return False
+    headings = [line.lstrip("#").strip() for line in (docs / path).read_text().splitlines()
+                if line.startswith("#")]
+    slugs = {re.sub(r"[^\w\- ]", "", h.lower()).replace(" ", "-") for h in headings}
+    return anchor in slugs
+
+
+def test_every_departure_links_a_section_that_exists():
+    """Each setting's evidence (``EVIDENCE``) is a heading of a file under docs/findings/."""
+    docs = Path(__file__).resolve().parent.parent / "docs"
+    for setting, (_, target) in EVIDENCE.items():
+        assert target.startswith("findings/") and _section_exists(docs, target), setting
+    assert not _section_exists(docs, "findings/kl-weight.md#no-such-section")
 
 
 def test_the_offline_rows_do_not_depend_on_the_files_times(tmp_path):

@@ -11,12 +11,7 @@
     (``--mean``, ``--std``), else from a sidecar file ``PATH.json`` (``{"mean": [r, g, b],
     "std": [r, g, b], "layer": NAME}``, every key optional), else ImageNet's
     (0.485, 0.456, 0.406) / (0.229, 0.224, 0.225).
-  - Features: when the model ends in a classifier (its first output made by a ``Gemm`` or a
-    ``MatMul`` with a weight, possibly followed by a bias ``Add``, ``Softmax``, ``LogSoftmax``
-    or ``Identity``), the classifier's input: the pre-logit features. Otherwise its first
-    output. ``--layer NAME`` (or the sidecar's ``layer``) names another tensor of the graph. A
-    4-D tensor is averaged over its spatial axes; any other one is flattened per sample. The run
-    says which tensor it took.
+  - Features: the pre-logit features; which tensor is taken: docs/design.md, "Module notes".
   - Where: ONNX Runtime's CPU provider; under ``--device cuda`` its CUDA provider when that
     build is installed (else the CPU, with a warning).
   - Cache key: the sha256 of the model file, the input size, mean, std and the tensor.

@@ -1,7 +1,7 @@
 """The dataset registry and loaders (the registry itself is in ``specs``, the readers of most
 formats in ``loaders``; both re-exported here; Fashion-MNIST and the generated datasets here).
 
-``DATASETS`` holds each dataset's protocol (DESIGN.md's table); ``get_spec(name)`` also accepts
+``DATASETS`` holds each dataset's protocol (docs/design.md's table); ``get_spec(name)`` also accepts
 ``features:PATH`` for a user's .npz of precomputed features. ``load_dataset(name)`` returns a
 ``RawDataset`` or raises ``FileNotFoundError`` telling how to get the data; it never downloads
 unless ``download=True``. Data live under ``data_root()`` (``$CIOSL_DATA``, default

@@ -1,4 +1,4 @@
-"""The dataset registry: each dataset's protocol (``DATASETS``, DESIGN.md's table), where data
+"""The dataset registry: each dataset's protocol (``DATASETS``, docs/design.md's table), where data
 live (``data_root()``) and ``get_spec(name)``, which also accepts ``features:PATH`` for a user's
 .npz of precomputed features and ``folder:DIR`` for a user's image folder (``data.folder``)."""
 

@@ -24,17 +24,7 @@ tests build small copies in the same format (tests/test_streams.py).
 ``LUP.pkl`` and the 128x128 frames ``s<session>/o<object>/C_<ss>_<oo>_<fff>.png``, or those in
 ``root/core50_128x128``):
 
-- ``paths.pkl``: the frames' paths, in one fixed order; ``LUP.pkl`` and ``labels.pkl``:
-  ``{scenario: [run][batch] -> indices into paths / their labels]``, scenarios ``ni``, ``nc``,
-  ``nic``, 10 runs, the last batch of every run the test set.
-- The test set is sessions 3, 7 and 10 (all of their frames, as the official test batch lists);
-  a test batch holding another session is refused. The training set is the other 8 sessions.
-- Labels are the 50 objects (``labels.pkl``'s, checked against the file names); ``core50-cat``
-  uses the 10 categories (object // 5). An object's frames in one session are one video (an
-  instance), frames in the file name's order.
-- The official scenarios become orderings (``official_ordering``): base init on the run's first
-  batch, then each batch in turn in the listed order, a testing event after each; NC and NIC
-  test on the classes seen so far, NI on every class.
+Its files, test sessions, labels and official orderings: docs/design.md, "Module notes".
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ class ArrayImages:
 
 @dataclass(frozen=True)
 class DatasetSpec:
-    """What the benchmark protocol needs to know about a dataset (DESIGN.md's table)."""
+    """What the benchmark protocol needs to know about a dataset (docs/design.md's table)."""
 
     name: str
     description: str

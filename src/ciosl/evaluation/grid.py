@@ -5,29 +5,7 @@ A grid expands into cells (dataset, ordering, method, setting variant, regime); 
 setting, ordering or a value of the wrong type is refused with the offending key named, and every
 cell goes through ``experiment.validate`` (the same check ``ciosl run`` makes).
 
-```toml
-name = "sampling-digits"            # optional (default: the file name)
-description = "..."                 # optional
-out = "results/sampling-digits"     # optional (default: results/<name>)
-runs = 10                           # or seeds = [0, 1, 2]
-methods = ["ciosl", "tinyer"]
-datasets = ["digits"]               # with orderings = [...] for every dataset, or a table:
-orderings = ["iid", "class_iid"]    # [datasets] digits-video = ["instance", "class_instance"]
-limit_per_class = 100               # optional, as --limit-per-class
-# extractor, weights, offline_epochs, cache, data: optional, as the `ciosl run` options
-omega_events = "after_base"         # optional: Omega_all over the events after base init
-                                    # (default, Kemker et al.) or "all" (base event included)
-
-[settings.ciosl]                    # fixed settings of a method, in every cell
-lambda2 = 0.3
-
-[grid.ciosl]                        # one variant per combination of these values
-selection = ["uniform", "uapn", "lapn"]
-replacement = ["lawrrr", "lawcbr"]
-
-[variants.ciosl.no-distillation]    # a named variant
-lambda2 = 0.0
-```
+The format, every key in one example: docs/design.md, "Module notes".
 
 ``regimes = ["batch", "online", "streaming"]`` (with optional ``batch_size`` and ``epochs``)
 makes one cell per regime when the installed ``ExperimentSpec`` knows regimes.

@@ -25,17 +25,8 @@ a change in the data or the extractor. The Omega_all definition (``omega_events`
 not part of the fingerprint: a cell's Omega_all is computed from its runs' per-event accuracies
 when its result is written, so changing it rewrites the results without re-running anything.
 
-Each run is claimed before it is submitted: a lock on its run file (``fileio.claim``), held by
-the driver until the file is written. A second sweep of the same folder leaves a claimed run to
-its holder and, once its own work is started, looks again: the holder's file counts as finished
-(``SweepSummary.elsewhere``), and a run whose holder died without writing it (the kernel drops
-its lock) is computed. So two sweeps of one folder split the runs. With Ray the claim is the
-driver's, wherever the task runs.
-
-Feature caches and offline references live in the cache folder (``cache`` in the grid, else
-``$CIOSL_CACHE`` or ``~/.cache/ciosl``) and are written atomically (unique temporary file, then
-rename): workers and machines that share the folder share them, and two writers of the same entry
-leave one complete file. The cells, their fingerprints and their files are in ``sweep_cells``
+Two sweeps of one folder, and the shared cache folder: docs/design.md, "Module notes".
+The cells, their fingerprints and their files are in ``sweep_cells``
 (re-exported here); this module drives the workers (local processes or Ray).
 """
 

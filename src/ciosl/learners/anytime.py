@@ -21,7 +21,7 @@ reports) and refits once the samples grew by more than 1/8 since (``GROWTH``), b
 ``pmax`` rule. docs/anytime.md states the schedule, its bounds and the costs.
 
 A ``Kept`` is never changed once built: a catch-up returns a new one (the rule of the state,
-DESIGN.md), so a prediction reading the old one sees a consistent solution.
+docs/design.md), so a prediction reading the old one sees a consistent solution.
 """
 
 from __future__ import annotations

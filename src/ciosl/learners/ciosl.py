@@ -14,61 +14,18 @@ logits stored for item j and c_j the number of classes when they were recorded; 
 natural-gradient step of the posterior precisions (pi = pi_0 + (N / T) Fbar, Fbar the running
 Fisher of the likelihood; ``bayes_head.py`` explains why, ``bnn.py`` how).
 
-Design choices (each one a reading of the paper, made explicit):
+Design choices (each one a reading of the paper, made explicit; in full, with their
+measurements: docs/findings/ciosl-learner.md):
 
-- Means, not sums, per row: the NLL is the mean over its 1 + N1' rows; Eq. 6's squared
-  distance is summed over the classes recorded for an item and averaged over the N2' items. So
-  lambda2 weighs one distilled item's squared logit distance against one labelled row's NLL, as
-  Eq. 3 + Eq. 6 do when N1' + 1 ~ N2', whatever the number of classes.
-- KL weight lambda1 T / N (``kl_data = "seen"``), N = samples seen so far (base init
-  included): lambda1 = 1 is the per-sample tempered ELBO of everything seen (KL / dataset
-  size, as VCL and Bayes by backprop scale a dataset's KL); its gradient is then ~1/400 of the
-  likelihood's and the KL barely acts. The default lambda1 = 30 makes the anchor to the last
-  snapshot ~30 samples' worth of its learned curvature (lambda1 T pi_p / N ~ lambda1 (N_p / N)
-  Fbar), whatever the stream's length: it measured ahead of lambda1 = 1 on all seven
-  development streams (docs/findings.md). ``"step"``: Eq. 3 as written, the step's 1 + N1' summed
-  log-likelihoods minus lambda1 KL, i.e. lambda1 T / (1 + N1') against the mean NLL: an anchor
-  of N_p / 17 samples that stiffens without bound as the stream grows; as good on the
-  development streams, below the old default on the 60,000-sample fashion-mnist iid stream
-  (docs/findings.md). ``"window"``: T / ``refresh_every``. Base training uses T / N. The anchor's
-  curvature on a mean is capped at 1 / lr (``bnn.BayesMLP.add_kl_grad``), where a heavy-ball
-  SGD step would otherwise overshoot it.
-- Prior refresh (``prior_refresh``, the trap of DESIGN.md): with the prior equal to the previous
-  step's posterior and one step per sample, the KL and its gradient are exactly 0 at the step
-  and lambda1 does nothing (``"step"``, kept for the ablation). ``"every"`` (default) sets the
-  prior to the posterior every ``refresh_every`` stream samples, so within a window the KL
-  anchors each mean to the last snapshot with that snapshot's learned precision -- it acts on
-  every ordering (iid and instance orderings bring no new classes, so ``"class"``, refresh when
-  a new class arrives, would leave it anchored to the base posterior there). ``"base"``: the
-  prior is the posterior after ``fit_base`` and never moves. Base training itself uses the
-  initial prior N(0, s^2 / fan_in).
-- Scores (paper 3.4, online): the loss, uncertainty and logits of the new sample and of the
-  replayed items are those of this step's forward pass (under q before the update): loss = the
-  training draw's cross-entropy, uncertainty = entropy of the mean of k = ``mc_samples``
-  softmaxes (Eq. 7; the training draw plus k - 1 further local draws that reuse the layer-1
-  moments), logits = the mean of those k logit draws (the E_q[f] of Eq. 6's target).
-  Replayed items are updated, then the new sample is offered to the memory (the replacement
-  policy decides). Distilled-only items keep their scores.
-- ``fit_base``: ``base_epochs`` epochs of shuffled ``base_batch_size`` mini-batches of the same
-  objective without replay and distillation (KL to the initial prior, N = base size), then every
-  base sample, with its loss, uncertainty and logits, is offered to the memory in order.
-- Prediction (``prediction``): ``"mean"`` weights, or ``"mc"``: the mean of ``mc_samples``
-  softmaxes under shared weight samples drawn from a generator seeded by (seed, n_seen), so
-  predicting consumes none of the training randomness and is repeatable.
-- ``precision_floor = "prior"`` (the default since issue 39; ``"none"`` is the rule before it):
-  the posterior precision never falls below the prior's, the
-  last refreshed snapshot of the posterior (``bnn.BayesMLP.precision``). The Fisher is an
-  exponential average over ~1000 updates; as the model grows confident the curvature each
-  sample brings falls, and without the floor the precision fell back to the initial prior's
-  over a long stream: the means trained under the prior's noise, hidden units died and whole
-  classes were lost after 200k samples (docs/findings.md, "CIOSL over a long stream").
+- Means, not sums, per row: the NLL over its 1 + N1' rows, Eq. 6's term over the N2' items.
+- KL weight lambda1 T / N (``kl_data``); the prior refreshed (``prior_refresh``, ``refresh_every``).
+- Scores (paper 3.4) from this step's forward pass; then the new sample is offered to the memory.
+- ``fit_base``: ``base_epochs`` epochs without replay and distillation, then every base sample
+  is offered to the memory in order.
+- Prediction: ``"mean"`` weights, or ``"mc"`` (its own generator: repeatable).
+- ``precision_floor = "prior"``: the posterior precision never falls below the prior's.
 - A non-finite loss raises FloatingPointError before the parameters or the memory move.
-- Switches beyond the paper, each defaulting to the paper's reading (docs/findings.md has their
-  measurements): ``train_draws`` averages the likelihood and distillation gradients over that
-  many posterior draws per row (the ELBO's expectation, with less variance); ``uncertainty =
-  "epistemic"`` ranks UAPN by the mutual information of label and weights instead of Eq. 7's
-  total entropy; ``candidates`` makes UAPN / LAPN rank a uniform pool of that many items
-  instead of the whole memory (whole-memory extremes replay a few items at nearly every step).
+- Switches beyond the paper (``train_draws``, ``uncertainty``, ``candidates``) default to its reading.
 """
 
 from __future__ import annotations
@@ -88,13 +45,15 @@ UNCERTAINTIES = ("entropy", "epistemic")
 KL_DATA = ("seen", "window", "step")
 PRECISION_FLOORS = ("none", "prior")
 # CIOSL's Fisher EMA remembers ~1000 updates, not the Bayesian heads' ~100 (bayes_head.py):
-# chosen on the development streams, 10 paired runs (docs/findings.md)
+# chosen on the development streams, 10 paired runs (docs/findings/posterior.md)
 CIOSL_FISHER_DECAY = 0.001
 # orderings whose base init holds every class, on which the benchmark protocol replays
-# uniformly (the paper: iid only) and gives the tighter prior below (docs/findings.md)
+# uniformly (the paper: iid only) and gives the tighter prior below
+# (docs/findings/selection-and-replacement.md, docs/findings/prior-scale.md)
 UNIFORM_ORDERINGS = ("iid", "instance")
 # the protocol's prior scale on those orderings: 0.3 measured above 1 on all four development
-# iid / instance streams and below it on all four class streams, 10 paired runs (docs/findings.md)
+# iid / instance streams and below it on all four class streams, 10 paired runs
+# (docs/findings/prior-scale.md)
 FULL_BASE_PRIOR_SCALE = 0.3
 
 
@@ -217,7 +176,8 @@ class CIOSL(BayesHead):
         prior N(0, 0.3^2 / fan_in) (``FULL_BASE_PRIOR_SCALE``); the constructor's UAPN and
         prior scale 1 on the class orderings. The paper uses UAPN on instance too
         (``paper_values_for``); uniform measured above it there, and the tighter prior above
-        the constructor's on iid and instance, on the development streams (docs/findings.md)."""
+        the constructor's on iid and instance, on the development streams
+        (docs/findings/selection-and-replacement.md, docs/findings/prior-scale.md)."""
         out = super().protocol_defaults(ordering=ordering, spec=spec)
         if ordering in UNIFORM_ORDERINGS:
             return {**out, "selection": "uniform", "prior_scale": FULL_BASE_PRIOR_SCALE}

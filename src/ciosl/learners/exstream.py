@@ -16,19 +16,11 @@ Design choices:
   merged into slot i as their count-weighted mean with the summed count, and z takes the freed
   slot j. So the counts of a class always sum to the samples of that class seen (the merge
   loses no sample).
-- Distances: each class caches its (n_c, n_c) distance matrix (not part of the state); a merge
-  recomputes only the rows and columns of the two changed slots, O(n_c d) instead of
-  O(n_c^2 d) per step. ``torch.cdist``'s direct (non-matmul) mode computes every pair on its
-  own, so these rows are bitwise equal to a full recomputation, which is what a missing cache
-  (first fill, after ``load_state_dict``) does: continued learning stays identical.
+- Distances (a cache per class) and the cost of rebalancing: docs/findings/cost-per-new-class.md.
 - A class capacity of 1 has no pair to merge: z is merged into the single prototype instead.
 - Rebalancing: when a new class arrives the capacity drops to ``buffer // n_classes``; every
   older class buffer is shrunk to it by merging its nearest pairs (the freed slot removed) until
-  it fits. Only the classes over the new capacity are visited (an index of the classes by
-  their number of prototypes, a cache like the distances): the merges are amortised O(1) per
-  sample (each removes a prototype a sample added), so a new class costs what its merges cost,
-  not a pass over every class; the classes are independent, so the result is the same as
-  visiting them all in order. With more classes than ``buffer`` slots the capacity is 0 and a class keeps no
+  it fits. With more classes than ``buffer`` slots the capacity is 0 and a class keeps no
   prototypes (degenerate; the count invariant then no longer holds).
 - Replay: N1' prototypes drawn uniformly without replacement from all stored prototypes (all
   if fewer), drawn before z is stored, so z is never in its own replay batch. The loss weights

@@ -22,11 +22,8 @@ follow the total order (score, slot): among equal scores the highest slots count
 and the lowest slots as "lowest", so both halves are always disjoint and the result is
 deterministic given the pool.
 
-All randomness comes from the ``rng`` argument (the learner's generator). Storage is torch
-(CPU, preallocated); the per-item bookkeeping (scores, victims, writes) works on zero-copy numpy
-views of it (``_np``), since a torch call per scalar costs microseconds on a one-sample step.
-The logits' columns grow with the classes by capacity doubling (``logits`` is the view of the
-``width`` columns in use), so a new class costs amortised O(capacity), not a copy per class.
+All randomness comes from the ``rng`` argument (the learner's generator). Storage and
+growth: docs/design.md, "Module notes".
 
 All-or-nothing (``begin`` / ``rollback`` / ``commit``): while a journal is open, every slot is
 saved before it is first written, so a failed learner call puts back exactly the rows it wrote.

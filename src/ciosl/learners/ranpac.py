@@ -12,13 +12,7 @@ shift, s the total of h - c and t the sample count.
 The ridge lambda: RanPAC holds out part of the first task's data and picks the best lambda on
 it. A single-pass learner has no held-out data, so ``ridge_estimator="gcv"`` (the default)
 chooses lambda by generalised cross-validation on the running statistics alone (Golub, Heath &
-Wahba 1979): with G = V diag(s) V^T and q_i = ||(V^T C)_i||^2,
-RSS(lambda) = t - sum_i q_i (s_i + 2 lambda) / (s_i + lambda)^2 (||Y||^2 = t for one-hot Y)
-and df(lambda) = sum_i s_i / (s_i + lambda), GCV(lambda) = RSS / (1 - df / t)^2, minimised over
-a log grid of lambda / (tr G / D) from 1e-6 to 1e3 (``GRID``), the grid relative to the mean
-eigenvalue so that the choice does not depend on the features' scale. One (D, D)
-eigendecomposition per refit (about 20 Cholesky factorizations' time; while all t < D samples
-still wait in the buffer, the (t, t) one of H H^T instead: the same nonzero spectrum);
+Wahba 1979): the formula and its cost: docs/findings/shrinkage-and-ranpac.md;
 ``ridge_`` is the lambda in use. ``ridge_estimator="fixed"``: lambda = ``ridge``, one Cholesky
 factorization per refit. Answers at any moment (issue 49, docs/anytime.md): between refits the
 solution is kept and caught up on the rows learned since the last answer (G += H^T H and

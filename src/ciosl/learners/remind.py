@@ -11,11 +11,7 @@ shared head (hidden [256, 256], ReLU, SGD lr 0.01, momentum 0.9, weight decay 1e
   ``learn_one`` before any ``fit_base`` raises: there is no codebook to quantize with.
 - Width: when d is not a multiple of M, features are zero-padded to D = M * ceil(d / M) (the
   padded sub-vectors quantize zeros; reconstructions are cut back to d).
-- Small base sets: k-means needs at least 2^nbits points, so the effective bits are
-  ``nbits_ = max(1, min(pq_nbits, floor(log2(n_base))))`` (a base set of one sample is
-  repeated); the settings keep the requested values, ``nbits_`` and ``code_size_`` the actual
-  ones. faiss's "please provide at least 39 k points" warning is silenced (it would print once
-  per sub-quantizer); the k-means seed comes from the learner's ``rng``.
+- Small base sets (fewer bits, ``nbits_``): docs/design.md, "Module notes".
 - Memory: up to ``buffer`` items, each ``code_size_`` uint8 bytes (M bytes at nbits 8) and a
   label; when full the victim is uniform among the items of the largest class (ties: the
   lowest class index), REMIND's class-balanced random eviction. ``memory_size()`` counts items,

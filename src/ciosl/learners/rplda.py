@@ -10,8 +10,7 @@ eps = ``shrinkage``, ``predict_proba`` = softmax(scores); with ``shrinkage_estim
 (the default since issue 38's study) the shrinkage is chosen from the running statistics
 instead, Sigma_s = (1 - a) Sigma + a (tr Sigma / D) I, as in ``slda.py``.
 
-Exact and fast. A rank-1 update of a (D, D) float64 scatter per sample (134 MB read and
-written at D = 4096) is replaced by sufficient statistics taken in blocks: the raw samples
+Exact and fast. Sufficient statistics taken in blocks: the raw samples
 wait in a buffer of ``block`` rows, and a full buffer is projected with one GEMM and added to
 per-class sums and counts and to the second moment M2 = sum (h - c)(h - c)^T (one more GEMM, on
 the lower block triangle only). Then S = M2 - sum_k n_k (mu_k - c)(mu_k - c)^T. The shift c,
@@ -19,14 +18,7 @@ the mean of the first committed block, is fixed for good, so the identity stays 
 removes the cancellation that this subtraction suffers when ||mu_k|| >> the within-class
 spread. Predictions add the waiting rows to the statistics without committing them, so the
 committed statistics depend on the samples only, not on when the learner was asked, saved or
-loaded. While nothing is committed yet (fewer than ``block`` samples) and p < D rows wait,
-Lambda mu^T is solved through the p x p system of the Woodbury identity instead of the D x D
-one (as corrections on rho I, ``anytime.Kept``). Answers at any moment (issue 49,
-docs/anytime.md): the solution is kept between answers and caught up on the rows learned since
-(projected, then as ``slda.py``: Woodbury corrections on a Cholesky factor of S + rho I, the
-ridge held since the last refit), refit when those rows are gone, the shift was set since, or
-the corrections would pass D / 4 rows (by pinv, as in ``slda.py``, and nothing kept, if
-``shrinkage=0``: Sigma is singular with fewer samples than D).
+loaded. Answers at any moment (Woodbury corrections): docs/findings/shrinkage-and-ranpac.md.
 The state holds the committed statistics and the waiting raw samples, so a saved learner
 answers and continues bit for bit; P is drawn again from the seed and checked against 16 saved
 entries.

@@ -8,35 +8,19 @@ exactly (Welford): S += n_y / (n_y + 1) (z - mu_y)(z - mu_y)^T, then mu_y and n_
 over samples therefore equals the batch estimate on the same samples up to rounding; a block
 adds the sum of these updates at once (``_add_scatter``), and answers count the waiting rows.
 
-Deviation from the original code, on purpose: Hayes & Kanan weight the update by t / (t + 1)
-with t the *total* count, an approximation that over-weights the first samples of every new
-class; the class count n_y gives the exact pooled scatter. ``fit_base`` computes the batch
-means and scatter (no OAS estimator as in the original; the same definition as the stream)
-and merges them with any statistics already held (Chan et al.'s parallel update).
+Deviations from the original code, on purpose: docs/findings/shrinkage-and-ranpac.md.
 
 Prediction: Lambda = ((1 - eps) Sigma + eps I)^-1 with eps = ``shrinkage``, scores
 W z + b with W = mu Lambda (one row per class) and b = -0.5 diag(mu Lambda mu^T),
-``predict_proba`` = softmax(scores). Answers at any moment (issue 49, docs/anytime.md): the
-solution is kept between answers and caught up on the rows learned since the last one (the
-scatter's increment as a factor X, S += X^T X, by Woodbury corrections on a Cholesky factor of
-S + rho I; ``anytime.py``), with the ridge rho = r / a of the shrunk covariance a S + r I held
-since the last refit: the answer is exactly LDA with the coefficient ``shrinkage_`` reports.
-It refits (the shrinkage chosen again) when the rows are gone (two commits or more since the
-last answer, a base set, a rollback, a load) or the corrections would pass d / 4 rows; a learn
-never factorizes anything.
+``predict_proba`` = softmax(scores). Answers at any moment (issue 49): docs/findings/shrinkage-and-ranpac.md.
 
 ``shrinkage_estimator="oas"`` (the default since issue 38's study on the development streams,
-docs/findings.md) chooses the shrinkage from the stream instead of ``shrinkage``: the Oracle
+docs/findings/shrinkage-and-ranpac.md) chooses the shrinkage from the stream instead of ``shrinkage``: the Oracle
 Approximating Shrinkage of Chen et al. (2010) on the pooled within-class covariance,
 Sigma_s = (1 - a) Sigma + a (tr Sigma / d) I, with a computed from tr Sigma, ||Sigma||_F^2 and
 the sample count t (``oas_shrinkage``: scikit-learn's ``OAS(assume_centered=True)`` on the
 deviations z_i - mu_{y_i}). Those are functions of the running statistics, so no sample is
-stored or revisited; the coefficient in use is ``shrinkage_``. Ledoit-Wolf, which
-scikit-learn's ``LinearDiscriminantAnalysis(shrinkage="auto")`` uses, is not offered: its
-coefficient needs sum_i ||z_i - mu_{y_i}||^4 about the *current* class means, which moves with
-every mean update and is exact only from per-class (d, d) second moments. scikit-learn's
-"auto" also standardizes each class and shrinks each class's covariance separately; here one
-pooled covariance is shrunk towards a multiple of I.
+stored or revisited; the coefficient in use is ``shrinkage_``. Why not Ledoit-Wolf: docs/findings/shrinkage-and-ranpac.md.
 
 ``streaming_update=False`` is the paper's frozen variant: Sigma is estimated by ``fit_base``
 only and the stream updates the means alone (with no base init, Sigma stays 0 and SLDA reduces

@@ -20,7 +20,7 @@ Design choices:
   anchors the head to the last snapshot, on every ordering. ``"class"`` (refresh when a new
   label arrives) is the closest reading of VCL's task boundaries on class orderings, but leaves
   the head anchored to the base posterior on the iid and instance orderings; ``"step"`` makes
-  the KL inert (the trap of DESIGN.md); ``"base"`` anchors to the base posterior forever.
+  the KL inert (the first trap of docs/design.md); ``"base"`` anchors to the base posterior forever.
 - After ``fit_base`` (``base_epochs`` epochs, KL to the initial prior N(0, s^2 / fan_in)) the
   prior is the base posterior.
 - A new class's output unit starts as a freshly built layer's would, with the initial prior

@@ -1,9 +1,10 @@
 """Departures from the paper: the letter each set of a result's non-paper settings gets
-(``Legend``, ``departure_legend``), the evidence in docs/findings.md for each, and the legend's
+(``Legend``, ``departure_legend``), the evidence in docs/findings/ for each, and the legend's
 text under a table (``legend_parts``, ``legend_markdown``)."""
 
 from __future__ import annotations
 
+import posixpath
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -16,15 +17,17 @@ if TYPE_CHECKING:
 
 Departures = tuple[tuple[str, str], ...]  # sorted (setting, value text) pairs
 
-# where docs/findings.md gives the evidence for each departure from the paper (its section)
+# where docs/findings/ gives the evidence for each departure from the paper: (title, its file
+# and section, relative to docs/findings.md's folder)
 EVIDENCE = {
-    "max_grad_norm": ("gradient clipping", "gradient-clipping-of-the-mlp-heads"),
-    "lambda1": ("the KL's weight", "the-kls-weight"),
-    "lambda2": ("distillation", "distillation"),
-    "distill_when": ("distillation", "distillation"),
-    "selection": ("selection", "selection-and-replacement"),
-    "prior_scale": ("the prior's scale", "the-priors-scale"),
-    "temperature": ("the temperature", "the-temperature"),
+    "max_grad_norm": ("gradient clipping",
+                      "findings/gradient-clipping.md#gradient-clipping-of-the-mlp-heads"),
+    "lambda1": ("the KL's weight", "findings/kl-weight.md#the-kls-weight"),
+    "lambda2": ("distillation", "findings/distillation.md#distillation"),
+    "distill_when": ("distillation", "findings/distillation.md#distillation"),
+    "selection": ("selection", "findings/selection-and-replacement.md#selection-and-replacement"),
+    "prior_scale": ("the prior's scale", "findings/prior-scale.md#the-priors-scale"),
+    "temperature": ("the temperature", "findings/temperature.md#the-temperature"),
 }
 
 
@@ -90,12 +93,19 @@ FINDINGS = "docs/findings.md"
 
 def legend_parts(table: Table) -> tuple[str, list[tuple[str, str]]]:
     """The legend's text (each letter and the departures it stands for) and the evidence:
-    (section title, anchor in docs/findings.md) per setting it names."""
+    (section title, its file and anchor relative to docs/findings.md's folder) per setting it
+    names."""
     if not table.legend:
         return "", []
     text = "; ".join(f"{letter}: {what}" for letter, what in table.legend)
     sections = list(dict.fromkeys(EVIDENCE[k] for k in table.evidence))
     return f"Not the paper's setting: {text}.", sections
+
+
+def evidence_href(findings: str, target: str) -> str:
+    """The link to ``target`` (an ``EVIDENCE`` file and anchor) from where ``findings`` (the
+    relative path of docs/findings.md) is relative to."""
+    return posixpath.join(posixpath.dirname(findings), target)
 
 
 def legend_markdown(table: Table, findings: str | None) -> str:
@@ -107,6 +117,7 @@ def legend_markdown(table: Table, findings: str | None) -> str:
     if findings is None:
         where = ", ".join(title for title, _ in sections)
         return f"{md_escape(text)} Evidence: {FINDINGS}" + (f" ({where})." if where else ".")
-    links = ", ".join(f"[{title}]({findings}#{anchor})" for title, anchor in sections)
+    links = ", ".join(f"[{title}]({evidence_href(findings, target)})"
+                      for title, target in sections)
     return f"{md_escape(text)} Evidence: [{FINDINGS}]({findings})" + (
         f" ({links})." if links else ".")

@@ -8,6 +8,7 @@ import json
 from html import escape
 from pathlib import Path
 
+from ciosl.report.departures import evidence_href
 from ciosl.report.plots import Figure
 from ciosl.report.results import Entry, method_name, settings_text
 from ciosl.report.tables import FINDINGS, Table, legend_parts
@@ -96,7 +97,7 @@ def table_html(table: Table, findings: str | None = None) -> str:
             where = ", ".join(title for title, _ in sections)
             evidence = f" Evidence: {FINDINGS}" + (f" ({_text(where)})." if where else ".")
         else:
-            links = ", ".join(f'<a href="{escape(findings)}#{a}">{_text(t)}</a>'
+            links = ", ".join(f'<a href="{escape(evidence_href(findings, a))}">{_text(t)}</a>'
                               for t, a in sections)
             evidence = (f' Evidence: <a href="{escape(findings)}">{FINDINGS}</a>'
                         + (f" ({links})." if links else "."))
