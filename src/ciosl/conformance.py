@@ -666,6 +666,86 @@ def check_faults(cls, settings) -> None:
                     "state_dict?)")
 
 
+def check_threads(cls, settings) -> None:
+    """(9e) Shared by threads: one thread learns a stream whose every third sample brings a new
+    class while two threads predict and one saves state dicts (threads switching every
+    microsecond). No call raises, every answer's shape agrees with the classes it came with,
+    and every file saved meanwhile loads into a state the learner really passed through."""
+    import tempfile
+    import threading
+    from pathlib import Path
+
+    from ciosl.learners.base import lock_of
+    from ciosl.serial import digest
+
+    Zb, yb, Zs, _ = class_stream()
+    learner = cls(**settings).fit_base(Zb, [INT_LABELS[k] for k in yb])
+    n = min(len(Zs), 30)
+    labels = [1000 + i // 3 for i in range(n)]  # a new class every third sample
+    passed: set[str] = set()
+    errors: list[str] = []
+    saved: list[Path] = []
+    done = threading.Event()
+    folder = tempfile.TemporaryDirectory()
+
+    def learn() -> None:
+        try:
+            for i in range(n):
+                with lock_of(learner):  # each state it passes through, recorded before another
+                    learner.learn_one(Zs[i], labels[i])  # thread can save it
+                    passed.add(digest(learner.state_dict()))
+        except Exception as e:  # noqa: BLE001 (asserted below)
+            errors.append(f"learn_one: {type(e).__name__}: {e}")
+        finally:
+            done.set()
+
+    def predict() -> None:
+        while not done.is_set():
+            try:
+                if learner.violates_single_pass:  # it retrains to answer: record where to
+                    with lock_of(learner):
+                        P, classes = learner.predict_proba(Zs[:3]), list(learner.classes_)
+                        passed.add(digest(learner.state_dict()))
+                else:
+                    view = learner.published()
+                    if view is not None:  # the published state: its answer and its classes
+                        P, classes = view.predict_proba(Zs[:3]), list(view.classes_)
+                    else:
+                        with lock_of(learner):
+                            P, classes = learner.predict_proba(Zs[:3]), list(learner.classes_)
+                    learner.predict(Zs[:3])  # a call of its own, racing the learning thread
+                if P.shape != (3, len(classes)):
+                    errors.append(f"predict_proba: shape {P.shape} for {len(classes)} classes")
+            except Exception as e:  # noqa: BLE001
+                errors.append(f"predict: {type(e).__name__}: {e}")
+
+    def save() -> None:
+        while not done.is_set() and len(saved) < 5:
+            try:
+                saved.append(learner.save(Path(folder.name) / f"s{len(saved)}.ciosl"))
+            except Exception as e:  # noqa: BLE001
+                errors.append(f"save: {type(e).__name__}: {e}")
+
+    with lock_of(learner):
+        passed.add(digest(learner.state_dict()))
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=f) for f in (learn, predict, predict, save)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(old)
+    with folder:
+        assert not errors, errors[:3]
+        for path in saved:
+            assert digest(Learner.load(path).state_dict()) in passed, (
+                "a file saved while another thread learned is not a state the learner passed "
+                "through")
+
+
 def check_metadata(cls, settings) -> None:
     """(10) Registry name, single-pass flag, description and one help line per setting."""
     assert cls.name and available_methods().get(cls.name, cls) is cls, (
@@ -683,7 +763,7 @@ CHECKS = [check_constructor, check_emerging_classes, check_probabilities,
           check_save_load, check_copies, check_memory_capacity, check_above_chance,
           check_bad_input,
           check_failure_rolls_back, check_nonfinite_step_rolls_back, check_faults,
-          check_metadata]
+          check_threads, check_metadata]
 
 
 def _reason(e: BaseException) -> str:
