@@ -10,6 +10,13 @@ import ciosl
 
 ROOT = Path(ciosl.__file__).parent
 MAX_LINES = 30
+# Modules whose docstrings another engineer is rewriting with the learners' state machinery
+# (issue 48): a module listed here may exceed MAX_LINES until that rewrite lands. Each entry is
+# a path relative to src/ciosl. None of them exceeds 30 lines today (atomic, undo, pingpong,
+# flat, head, bnn, bayes_head, ewc, finetune, base, blocks, tinyer, agem, mas, vcl, vcl_coreset,
+# coreset_only were all checked), so the list is empty; an entry that is not over the limit, or
+# names no module, fails test_the_allowlist_is_not_stale.
+REWRITTEN_ELSEWHERE: frozenset[str] = frozenset()
 
 
 def _docstring_lines(path: Path) -> int:
@@ -21,8 +28,15 @@ def test_every_module_docstring_is_at_most_30_lines():
     modules = sorted(ROOT.rglob("*.py"))
     assert len(modules) > 50  # the walk finds the package
     long = {str(p.relative_to(ROOT)): n for p in modules
-            if (n := _docstring_lines(p)) > MAX_LINES}
+            if (n := _docstring_lines(p)) > MAX_LINES
+            and str(p.relative_to(ROOT)) not in REWRITTEN_ELSEWHERE}
     assert not long, f"module docstrings over {MAX_LINES} lines: {long}"
+
+
+def test_the_allowlist_is_not_stale():
+    stale = sorted(name for name in REWRITTEN_ELSEWHERE
+                   if not (ROOT / name).is_file() or _docstring_lines(ROOT / name) <= MAX_LINES)
+    assert not stale, f"listed in REWRITTEN_ELSEWHERE but within {MAX_LINES} lines: {stale}"
 
 
 def test_the_count_is_of_the_docstring_lines(tmp_path):
