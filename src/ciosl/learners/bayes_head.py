@@ -12,9 +12,9 @@ sample has two parts:
 
    N = samples seen, T = ``temperature``. The KL's gradient on a mean is ``pi_p (mu - m_p)``.
 2. **Scales: the natural-gradient precision update** ``pi = pi_0 + (N / T) * Fbar``
-   (``bnn.py``); plain SGD on a softplus scale cannot move them (DESIGN's second trap).
+   (``bnn.py``); plain SGD on a softplus scale cannot move them (docs/design.md, "Two traps").
 
-The prior is refreshed to the posterior per ``prior_refresh`` (DESIGN's first trap). Base
+The prior is refreshed to the posterior per ``prior_refresh`` (docs/design.md, "Two traps"). Base
 training uses the initial prior; after it the prior is the base posterior.
 
 State (docs/design.md): a step replaces the head's vectors and the momentum (torch's fused SGD
