@@ -1,14 +1,25 @@
-# `make demo`: install and run the main job on the built-in digits data: a sweep of CIOSL against
-#   the baselines (configs/demo-digits.toml), then the report (results/demo-digits/report.md).
-# `make test`: install and run the test suite; `make lint`: ruff on the whole repository;
-# `make test-busy`: the suite with two busy-loop processes beside it (a shared machine).
+# `make demo`: install what the demo needs (torch==2.13.0, then the package without extras) and run
+#   the main job on the built-in digits data: a sweep of CIOSL against the baselines
+#   (configs/demo-digits.toml), then the report (results/demo-digits/report.md and report.html).
+# `make test`: install with the dev extras and run the test suite; `make lint`: ruff on the whole
+# repository; `make test-busy`: the suite with two busy-loop processes beside it (a shared machine).
+# In a virtual environment: `make demo PYTHON=venv/bin/python` (pip and ciosl run as PYTHON -m).
 PYTHON ?= python3
 PIP = $(PYTHON) -m pip
+CIOSL = $(PYTHON) -m ciosl
 
-.PHONY: install data demo test test-busy lint
+.PHONY: torch install-demo install data demo test test-busy lint
 
-install:
+# PyTorch first, pinned (CPU build): the package then finds its `torch>=2.2` installed.
+torch:
 	$(PIP) install -q torch==2.13.0
+
+# The demo's needs: the package and its dependencies, no extras.
+install-demo: torch
+	$(PIP) install -q -e .
+
+# The tests' needs: the dev extras (pytest, hypothesis, ruff, Ray, Selenium, river).
+install: torch
 	$(PIP) install -q -e ".[dev]"
 
 # From Debian (optional; needs root): Fashion-MNIST, and headless Chromium with its WebDriver for
@@ -23,10 +34,10 @@ data:
 	  || echo "warning: could not install chromium chromium-driver"; \
 	else echo "not root: skipping apt-get install dataset-fashion-mnist chromium chromium-driver"; fi
 
-demo: install
-	ciosl sweep configs/demo-digits.toml
-	ciosl report results/demo-digits
-	ciosl report results/demo-digits --format html
+demo: install-demo
+	$(CIOSL) sweep configs/demo-digits.toml
+	$(CIOSL) report results/demo-digits
+	$(CIOSL) report results/demo-digits --format html
 
 test: install data
 	$(PYTHON) -m pytest

@@ -1,7 +1,8 @@
 """Helpers shared by several test files: the ``ciosl`` command in-process (``cli``,
 ``run_args``, ``grid_file``, ``one_line_error``), small trained learners (``trained``,
-``snapshot``), damaged files (``flip``, ``member_span``, ``zip_bomb``) and learners of the
-user's own (``USER_MODULE``, ``own_learner``)."""
+``snapshot``), damaged files (``flip``, ``member_span``, ``zip_bomb``), learners of the
+user's own (``USER_MODULE``, ``own_learner``) and the baselines' data (``class_blobs``,
+``mixture``, ``class_by_class``, ``hidden``)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ciosl import conformance
 from ciosl.cli import main
 from ciosl.evaluation import experiment
 
@@ -290,3 +292,34 @@ def one_line(err: BaseException) -> str:
     text = str(err)
     assert "\n" not in text and len(text) < 400, text
     return text
+
+
+# ---- the baselines' tests (tests/learners/)
+def class_blobs(n_per_class, n_classes=4, dim=8, sep=3.0, seed=0, shuffle=True):
+    """(n_per_class * n_classes, dim) float32 Gaussian blobs around fixed centres and their
+    labels, shuffled unless ``shuffle=False``."""
+    rng = np.random.default_rng(seed)
+    centers = np.random.default_rng(100).normal(size=(n_classes, dim)) * sep
+    y = np.repeat(np.arange(n_classes), n_per_class)
+    if shuffle:
+        y = rng.permutation(y)
+    return (centers[y] + rng.normal(size=(len(y), dim))).astype(np.float32), y
+
+
+def mixture(n: int, d: int, seed: int, k: int = 4) -> tuple[np.ndarray, np.ndarray]:
+    """(n, d) float32 Gaussian mixture features and (n,) int labels in [0, k)."""
+    rng = np.random.default_rng(seed)
+    centers = np.random.default_rng(7).normal(0.0, 3.0, (k, d))
+    y = rng.integers(k, size=n)
+    return (centers[y] + rng.normal(0.0, 1.0, (n, d))).astype(np.float32), y
+
+
+def class_by_class(classes, n_per_class, seed):
+    """Blobs that arrive one class after another (a class-incremental stream)."""
+    parts = [conformance.blobs([c], n_per_class, seed + c) for c in classes]
+    return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+
+
+def hidden(tensors):
+    """The hidden layers' part of a per-tensor list (those never grow), flattened."""
+    return torch.cat([t.reshape(-1) for t in tensors[:-2]])

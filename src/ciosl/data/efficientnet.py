@@ -7,7 +7,7 @@ paper's MobileNetV2. Module names follow the checkpoint (lukemelas-style keys ``
 ``_bn0``, ``_blocks.N._expand_conv`` ...), so it loads with ``strict=True``.
 
 The weights are the official TensorFlow checkpoint converted, which fixes three conventions
-(each checked against the weights in ``tests/test_efficientnet.py``, not taken on trust):
+(each checked against the weights in ``tests/data/test_efficientnet.py``, not taken on trust):
 
 - "same" padding as TensorFlow computes it: total ``max((ceil(n / s) - 1) s + k - n, 0)``,
   the odd pixel on the bottom/right (asymmetric on stride-2 layers), for any input size;

@@ -2,7 +2,7 @@
 
 Neither can be downloaded here (both sit behind their authors' links); each loader reads the
 files as their authors publish them, checks them, and says in one line what is wrong. The
-tests build small copies in the same format (tests/test_streams.py).
+tests build small copies in the same format (tests/data/test_streams.py).
 
 **Stream-51** (Roady et al. 2020; ``root`` holds the two metadata files and the frames):
 

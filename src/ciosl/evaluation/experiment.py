@@ -419,7 +419,7 @@ def _run_experiment(exp: ExperimentSpec, spec: DatasetSpec, cls: type[Learner],
     if exp.out_dir is not None:
         result["path"] = str(experiment_path(exp, cls))
         # again: something else may have written there meanwhile (the runs are checkpointed);
-        # the advice is followed in tests/test_concurrent_runs.py
+        # the advice is followed in tests/evaluation/test_concurrent_runs.py
         problem = None if exp.force else overwrite_problem(result["path"], header, exp.seeds)
         if problem is not None:
             raise ValueError(f"{problem[0]}: refused to {'drop them' if problem[1] else 'replace it'}"

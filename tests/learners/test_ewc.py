@@ -1,6 +1,7 @@
-"""EWC, MAS, VCL, VCL+coreset and Coreset-only: each method's characteristic rule, tested
-directly against a reference written here (hand-built forward passes and autograd, running means
-by hand, bit-for-bit snapshots)."""
+"""EWC and MAS (MAS is EWC with another importance: ``class MAS(EWC)``): the importance, the step
+against the stated objective, the anchor's refreshes, the penalty's strength and its curvature cap,
+tested directly against a reference written here (hand-built forward passes and autograd, running
+means by hand)."""
 
 from __future__ import annotations
 
@@ -13,17 +14,8 @@ import torch.nn.functional as F
 
 from ciosl.conformance import blobs
 from ciosl.learners import make_learner
-from ciosl.learners.ciosl import BayesHead
-from ciosl.learners.coreset_only import CoresetOnly
 from ciosl.learners.ewc import EWC
-from ciosl.learners.vcl import VCL
-from ciosl.learners.vcl_coreset import VCLCoreset
-
-
-def class_by_class(classes, n_per_class, seed):
-    """Blobs that arrive one class after another (a class-incremental stream)."""
-    parts = [blobs([c], n_per_class, seed + c) for c in classes]
-    return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+from helpers import class_by_class, hidden
 
 
 def indices(learner, labels) -> torch.Tensor:
@@ -39,12 +31,7 @@ def mlp(params, X):
     return h @ params[-2].T + params[-1]
 
 
-def hidden(tensors):
-    """The hidden layers' part of a per-tensor list (those never grow), flattened."""
-    return torch.cat([t.reshape(-1) for t in tensors[:-2]])
 
-
-# ---------------------------------------------------------------------------- EWC / MAS
 def reference_importance(method, params, X, Y):
     """Per-sample importances (n, each tensor): EWC the squared gradient of log p(y | x),
     MAS the absolute gradient of ||f(x)||^2, by torch.func over a hand-built forward."""
@@ -182,41 +169,6 @@ def test_anchor_refreshes_at_new_labels_and_every_R_samples_only(method):
     assert refreshed == [6, 11, 13, 18]
 
 
-@pytest.mark.parametrize(("method", "settings"), [
-    ("ewc", {}), ("mas", {}), ("ciosl", {"prior_refresh": "every"}),
-    ("vcl", {"prior_refresh": "every"})])
-def test_a_known_step_failing_after_its_refresh_leaves_the_anchor_as_before(method, settings):
-    """A known-class learn_one with a refresh due whose finite check raises: the Bayesian
-    heads re-anchor before the check (their prior and its schedule are put back); EWC and MAS
-    re-anchor after it (their anchor, penalty importance, curvature and counters are untouched).
-    Either way the learner is as before the call, and it continues as a twin."""
-    from ciosl.serial import digest
-
-    twins = [make_learner(method, refresh_every=2, base_epochs=1, **settings)
-             for _ in range(2)]
-    Z, y = blobs([0, 1], 6, seed=4)
-    for t in twins:
-        t.fit_base(Z[:4], y[:4])
-        t.learn_one(Z[4], int(y[4]))
-        t.learn_one(Z[5], int(y[5]))  # a refresh is due at the next step
-    learner, twin = twins
-    before = digest(learner.state_dict())
-
-    def non_finite(*args, **kwargs):
-        raise FloatingPointError("injected")
-
-    learner._check_finite = non_finite
-    for _ in range(2):
-        with pytest.raises(FloatingPointError):
-            learner.learn_one(Z[6], int(y[6]))
-        assert digest(learner.state_dict()) == before
-    del learner._check_finite
-    for t in twins:
-        for z, c in zip(Z[6:], y[6:], strict=True):
-            t.learn_one(z, int(c))
-    assert digest(learner.state_dict()) == digest(twin.state_dict())
-
-
 @pytest.mark.parametrize("method", ["ewc", "mas"])
 def test_learn_many_with_several_refreshes_rolls_back_at_every_point(method):
     """A learn_many that re-anchors at every sample (refresh_every=1) and brings two new
@@ -302,200 +254,3 @@ def test_curvature_cap_keeps_lambda_500_stable():
     drift = max(float((p.detach() - a).abs().max()) for p, a in zip(learner.net.params,
                                                                    learner.anchor, strict=True))
     assert np.isfinite(drift) and drift < 1.0
-
-
-# ---------------------------------------------------------------------------- VCL family
-def test_vcl_is_ciosl_without_replay_and_distillation():
-    """Same seed, same stream (no base init, whose scoring draws CIOSL alone makes): VCL's
-    posterior equals CIOSL's with lambda2 = 0, N1' = N2' = 0 (and VCL's Fisher memory and KL
-    weight, and VCL's precision rule, without CIOSL's floor at the prior), bit for bit."""
-    Z, y = class_by_class([0, 1, 2], 15, seed=1)
-    vcl = VCL(mc_samples=1, refresh_every=7)
-    ciosl = make_learner("ciosl", lambda1=vcl.lambda1, lambda2=0.0, n_replay=0, n_distill=0,
-                         mc_samples=1, refresh_every=7, fisher_decay=vcl.fisher_decay,
-                         precision_floor=vcl.precision_floor)
-    for z, c in zip(Z, y, strict=True):
-        vcl.learn_one(z, int(c))
-        ciosl.learn_one(z, int(c))
-    assert torch.equal(vcl.net.mu, ciosl.net.mu)
-    assert torch.equal(vcl.net.fisher, ciosl.net.fisher)
-    assert torch.equal(vcl.net.prior_mu, ciosl.net.prior_mu)
-    assert not hasattr(vcl, "memory") and "memory" not in vcl.state_dict()["state"]
-
-
-def prefix(net, flat):
-    """The hidden layers' part of a flat (P,) BNN tensor: its prefix (the output layer is last
-    and is the only one that grows)."""
-    return flat[:sum(m.numel() for m in net.mu_l[:-2])]
-
-
-@pytest.mark.parametrize("refresh,expected", [("every", [8, 15, 22, 29]), ("class", [11, 21])])
-def test_vcl_prior_after_a_refresh_is_the_previous_posterior(refresh, expected):
-    learner = VCL(prior_refresh=refresh, refresh_every=7).fit_base(*blobs([0, 1], 20, seed=1))
-    net = learner.net
-    assert torch.equal(net.prior_mu, net.mu) and torch.equal(net.prior_sigma, net.sigma())
-    Z, y = class_by_class([0, 2, 3], 10, seed=2)  # class 2 at step 11, class 3 at step 21
-    refreshed = []
-    for step, (z, c) in enumerate(zip(Z, y, strict=True), start=1):
-        net = learner.net
-        mu, sigma = prefix(net, net.mu).clone(), prefix(net, net.sigma()).clone()
-        prior = prefix(net, net.prior_mu).clone()
-        learner.learn_one(z, int(c))
-        net = learner.net
-        if not torch.equal(prefix(net, net.prior_mu), prior):
-            refreshed.append(step)
-            assert torch.equal(prefix(net, net.prior_mu), mu)  # bit for bit
-            assert torch.equal(prefix(net, net.prior_sigma), sigma)
-        assert not torch.equal(prefix(net, net.mu), mu)  # the posterior moves at every step
-    assert refreshed == expected
-
-
-def test_coreset_only_prior_is_always_the_initial_prior():
-    learner = CoresetOnly(buffer=15, finetune_epochs=2, prior_scale=0.7)
-    learner.fit_base(*blobs([0, 1], 20, seed=1))
-    Z, y = class_by_class([0, 2, 3], 10, seed=2)
-    for z, c in zip(Z, y, strict=True):
-        learner.learn_one(z, int(c))
-        assert torch.count_nonzero(learner.net.prior_mu) == 0
-        assert torch.equal(learner.net.prior_prec, learner.net.prec0)
-    head = learner.finetuned_head()  # the fine-tuning's prior too
-    assert torch.count_nonzero(head.prior_mu) == 0
-    assert torch.equal(head.prior_prec, head.prec0)
-    W1 = head.views(head.prior_sigma)[0]  # N(0, 0.7^2 / fan_in)
-    torch.testing.assert_close(W1, torch.full_like(W1, 0.7 / W1.shape[1] ** 0.5))
-    assert "prior_refresh" not in learner.get_params()
-    assert not torch.equal(learner.net.mu, torch.zeros_like(learner.net.mu))
-
-
-def test_vcl_coreset_finetunes_a_copy_with_the_posterior_as_prior():
-    learner = VCLCoreset(buffer=15, finetune_epochs=2).fit_base(*blobs([0, 1], 20, seed=1))
-    Z, y = blobs([0, 1, 2], 5, seed=2)
-    for z, c in zip(Z, y, strict=True):
-        learner.learn_one(z, int(c))
-    head = learner.finetuned_head()
-    assert head is not learner.net
-    assert torch.equal(head.prior_mu, learner.net.mu)  # the prior of the fine-tuning is q~_t
-    assert torch.equal(head.prior_sigma, learner.net.sigma())
-    assert not torch.equal(head.mu, learner.net.mu)  # and it moved away from it
-
-
-def _state_equal(a, b) -> bool:
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(_state_equal(a[k], b[k]) for k in a)
-    if isinstance(a, list | tuple):
-        return len(a) == len(b) and all(_state_equal(x, y) for x, y in zip(a, b, strict=True))
-    if isinstance(a, torch.Tensor):
-        return torch.equal(a, b)
-    return a == b
-
-
-@pytest.mark.parametrize("prediction", ["mean", "mc"])
-def test_vcl_coreset_inference_leaves_the_posterior_alone_but_changes_predictions(prediction):
-    Zb, yb = blobs([0, 1], 20, seed=1)
-    Z, y = class_by_class([2, 3], 15, seed=2)
-    Zt, _ = blobs([0, 1, 2, 3], 10, seed=9)
-    settings = {"prediction": prediction, "refresh_every": 10}
-    with_coreset = VCLCoreset(buffer=20, **settings).fit_base(Zb, yb)
-    plain = VCL(**settings).fit_base(Zb, yb)
-    untuned = VCLCoreset(buffer=20, finetune_epochs=0, **settings).fit_base(Zb, yb)
-    for z, c in zip(Z, y, strict=True):
-        for learner in (with_coreset, plain, untuned):
-            learner.learn_one(z, int(c))
-        if c == 3:  # predicting in between changes nothing of what the learner does next
-            before = with_coreset.state_dict()
-            with_coreset.predict_proba(Zt)
-            assert _state_equal(with_coreset.state_dict(), before)
-    # the streamed posterior is VCL's, bit for bit (the coreset only uses the numpy generator)
-    assert torch.equal(with_coreset.net.mu, plain.net.mu)
-    P, P_vcl = with_coreset.predict_proba(Zt), plain.predict_proba(Zt)
-    assert np.abs(P - P_vcl).max() > 1e-2
-    np.testing.assert_array_equal(untuned.predict_proba(Zt), P_vcl)  # 0 epochs: VCL itself
-
-
-def test_finetuned_copy_is_cached_until_the_next_update(monkeypatch):
-    learner = VCLCoreset(buffer=10, finetune_epochs=1).fit_base(*blobs([0, 1], 10, seed=1))
-    calls = []
-    finetune = learner._finetune
-    monkeypatch.setattr(learner, "_finetune", lambda: calls.append(1) or finetune())
-    Zt, _ = blobs([0, 1], 5, seed=9)
-    P = learner.predict_proba(Zt)
-    np.testing.assert_array_equal(learner.predict_proba(Zt), P)
-    assert len(calls) == 1
-    learner.learn_one(Zt[0], 0)
-    learner.predict(Zt)
-    assert len(calls) == 2
-    restored = VCLCoreset(buffer=10, finetune_epochs=1).load_state_dict(learner.state_dict())
-    np.testing.assert_array_equal(restored.predict_proba(Zt), learner.predict_proba(Zt))
-
-
-def test_finetuning_kl_weight_is_the_coreset_elbo_with_a_curvature_cap(monkeypatch):
-    """The fine-tuning's KL weight is lambda1 * T / |C| (the coreset's per-item tempered ELBO),
-    capped so that its curvature on a mean, kl_scale * max prior precision, is <= 1 / lr."""
-    seen = []
-    train = BayesHead._train
-
-    def spy(self, X, Y, **kw):
-        seen.append((len(Y), kw.get("kl_scale"), float(self.net.prior_prec.max())))
-        return train(self, X, Y, **kw)
-
-    monkeypatch.setattr(BayesHead, "_train", spy)
-    big = VCLCoreset(buffer=200).fit_base(*blobs([0, 1], 100, seed=1))
-    big.predict(blobs([0], 1, seed=2)[0])
-    n, kl, prec = seen[-1]
-    assert n == 200 and kl == pytest.approx(big.temperature / 200)  # lambda1 T / |C|
-    assert kl * prec < 1.0 / big.lr  # not capped
-    tiny = VCLCoreset(buffer=200, temperature=1.0, lambda1=3.0)
-    Z, y = blobs([0, 1], 2, seed=3)
-    for z, c in zip(Z[:3], y[:3], strict=True):  # no base init: 3 items in the coreset
-        tiny.learn_one(z, int(c))
-    P = tiny.predict_proba(Z)
-    n, kl, prec = seen[-1]
-    assert n == 3 and kl == pytest.approx(1.0 / (tiny.lr * prec)) and kl < 3.0 / 3  # capped
-    assert np.isfinite(P).all()
-
-
-@pytest.mark.parametrize("cls,replacement", [
-    (VCLCoreset, "reservoir"), (VCLCoreset, "class_balanced_random"),
-    (CoresetOnly, "reservoir")])
-def test_coreset_never_exceeds_capacity(cls, replacement):
-    learner = cls(buffer=13, replacement=replacement, finetune_epochs=1)
-    learner.fit_base(*blobs([0, 1], 10, seed=1))
-    assert learner.memory_size() == 13
-    Z, y = class_by_class([2, 3, 4], 15, seed=2)
-    for z, c in zip(Z, y, strict=True):
-        learner.learn_one(z, int(c))
-        assert learner.memory_size() <= 13
-    counts = learner.memory.class_counts()
-    assert learner.memory_size() == sum(counts.values()) == 13
-    if replacement == "class_balanced_random":
-        # evictions from the largest class (ties: the oldest) keep every class >= 13 // 5
-        assert min(counts.values()) >= 2 and len(counts) == 5
-
-
-def test_reservoir_coreset_is_a_uniform_sample_of_the_stream():
-    """Every stream position is held with probability capacity / n: over seeds, the early and
-    the late half of the stream are held equally often."""
-    Z, y = blobs([0, 1], 30, seed=1)  # 60 distinct rows
-    early = late = 0
-    for seed in range(30):
-        learner = VCLCoreset(buffer=10, finetune_epochs=0, seed=seed)
-        for z, c in zip(Z, y, strict=True):
-            learner.learn_one(z, int(c))
-        held = learner.memory.z[:10].numpy()  # (10, d): which stream rows they are
-        pos = [int(np.flatnonzero((Z == row).all(axis=1))[0]) for row in held]
-        early += sum(p < 30 for p in pos)
-        late += sum(p >= 30 for p in pos)
-    assert early + late == 300 and abs(early - late) < 50
-
-
-def test_single_pass_flags_and_settings():
-    assert VCLCoreset.violates_single_pass and CoresetOnly.violates_single_pass
-    assert not (EWC.violates_single_pass or VCL.violates_single_pass)
-    assert not make_learner("mas").violates_single_pass
-    assert EWC().lam == 500.0 and make_learner("mas").lam == 1.0
-    with pytest.raises(ValueError, match="valid choices"):
-        VCLCoreset(replacement="lawrrr")
-    with pytest.raises(ValueError, match="buffer"):
-        VCLCoreset(buffer=0)
-    with pytest.raises(ValueError, match="max_penalty_step"):
-        EWC(max_penalty_step=0.0)

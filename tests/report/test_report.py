@@ -442,7 +442,7 @@ def test_html_report_renders_in_headless_chromium(html_report):
 def test_shipped_reference_report_matches_its_results(tmp_path):
     """docs/results/main-fashion/report.md is what `ciosl report` makes of the JSONs beside it
     (regenerate it after changing the report code)."""
-    folder = Path(__file__).resolve().parent.parent / "docs" / "results" / "main-fashion"
+    folder = Path(__file__).resolve().parents[2] / "docs" / "results" / "main-fashion"
     shipped = (folder / "report.md").read_text()
     report = write_report(folder, fmt="md", out=tmp_path / "report.md")
     assert len(report.entries) == len(list(folder.glob("*.json"))) >= 6 * 11
@@ -489,7 +489,7 @@ def test_the_offline_rows_do_not_depend_on_the_files_times(tmp_path):
     results share, not the newest file's: main-fashion's CIOSL cells, rerun after the offline
     cache was rebuilt, divide by a reference that differs in the last digits, and a fresh clone
     gives every file the same time."""
-    src = Path(__file__).resolve().parent.parent / "docs" / "results" / "main-fashion"
+    src = Path(__file__).resolve().parents[2] / "docs" / "results" / "main-fashion"
     tables = []
     for newest in ("ciosl.json", "tinyer.json"):
         folder = tmp_path / newest
@@ -506,7 +506,7 @@ def test_the_offline_rows_do_not_depend_on_the_files_times(tmp_path):
 
 
 def test_no_row_label_of_a_shipped_report_is_longer_than_60_characters():
-    docs = Path(__file__).resolve().parent.parent / "docs" / "results"
+    docs = Path(__file__).resolve().parents[2] / "docs" / "results"
     reports = sorted(docs.glob("*/report.md"))
     assert reports
     for path in reports:

@@ -395,7 +395,7 @@ def test_every_shipped_result_validates():
     """The checks refuse no result ``ciosl run`` / ``ciosl sweep`` wrote (docs/results)."""
     from ciosl.report.results import looks_like_result, result_problem
 
-    docs = Path(__file__).resolve().parent.parent / "docs" / "results"
+    docs = Path(__file__).resolve().parents[2] / "docs" / "results"
     checked = 0
     for path in sorted(docs.rglob("*.json")):
         data = json.loads(path.read_text())

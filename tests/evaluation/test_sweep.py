@@ -29,7 +29,7 @@ from ciosl.fileio import claim
 from ciosl.learners.ciosl import CIOSL
 from ciosl.learners.tinyer import TinyER
 
-CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 TIMING = {"wall_seconds", "samples_per_second", "predict_seconds", "path", "sweep"}
 RUN_TIMING = {"base_seconds", "learn_seconds", "predict_seconds", "seconds_per_sample",
               "samples_per_second"}
