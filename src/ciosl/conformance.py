@@ -1,7 +1,7 @@
 """The learner conformance suite (river's ``check_estimator``, scikit-learn's
 ``parametrize_with_checks``): every registered learner, with its default settings and with each
 extra settings dict in its optional class attribute ``conformance_settings``, passes every check
-in ``CHECKS``. ``tests/test_conformance.py`` parametrizes them; a learner added later is checked
+in ``CHECKS``. ``tests/learners/test_conformance.py`` parametrizes them; a learner added later is checked
 automatically, and ``ciosl.check_learner(cls)`` runs them on a learner defined elsewhere. Data
 are small Gaussian blobs so a learner's whole suite takes a few seconds.
 """
