@@ -228,7 +228,8 @@ def test_anytime_prints_prediction_times_and_drift(tmp_path):
     lines = run("anytime.py", "--dim", "16", "--samples", "60", "--classes", "3", "--rows", "5",
                 "--rounds", "3", "--proj-dim", "32", cache=tmp_path)
     rows = [line for line in lines if line.startswith("| ") and "ms" in line]
-    assert [r.split(" | ")[0] for r in rows] == ["| ncm", "| slda", "| rp_lda", "| ranpac"]
+    assert [r.split(" | ")[0] for r in rows] == ["| ncm", "| slda", "| rp_lda", "| ranpac",
+                                              "| acil"]
     assert all(re.search(r"\| x[\d.]+ \|", r) for r in rows), rows
     lines = run("anytime.py", "--drift", "120", "--check-every", "50", "--dim", "32",
                 "--classes", "3", "--methods", "slda", cache=tmp_path)
