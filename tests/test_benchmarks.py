@@ -238,3 +238,13 @@ def test_anytime_prints_prediction_times_and_drift(tmp_path):
     worst = re.fullmatch(r"slda: worst W relative error ([\d.e+-]+) over 120 samples \(d = 32, "
                          r"8 corrections at most\)", lines[-1])
     assert worst and float(worst[1]) < 1e-9, lines
+
+
+def test_anytime_drift_compares_the_kept_answer_with_a_fresh_solve(tmp_path):
+    lines = run("anytime_drift.py", "--source", "synthetic", "--dim", "48", "--samples", "2000",
+                "--checks", "2", "--rows", "100", cache=tmp_path)
+    rows = [line for line in lines if re.match(r"\| [\d,]+ \| 12 \|", line)]
+    assert rows, lines
+    worst = re.fullmatch(r"worst: predict_proba ([\d.e+-]+), precision action \(relative\) "
+                         r"([\d.e+-]+), W \(relative\) ([\d.e+-]+); \d+ s", lines[-1])
+    assert worst and max(float(v) for v in worst.groups()) < 1e-9, lines
