@@ -228,7 +228,8 @@ def test_anytime_prints_prediction_times_and_drift(tmp_path):
     lines = run("anytime.py", "--dim", "16", "--samples", "60", "--classes", "3", "--rows", "5",
                 "--rounds", "3", "--proj-dim", "32", cache=tmp_path)
     rows = [line for line in lines if line.startswith("| ") and "ms" in line]
-    assert [r.split(" | ")[0] for r in rows] == ["| ncm", "| slda", "| rp_lda", "| ranpac"]
+    assert [r.split(" | ")[0] for r in rows] == ["| ncm", "| slda", "| rp_lda", "| ranpac",
+                                              "| acil"]
     assert all(re.search(r"\| x[\d.]+ \|", r) for r in rows), rows
     lines = run("anytime.py", "--drift", "120", "--check-every", "50", "--dim", "32",
                 "--classes", "3", "--methods", "slda", cache=tmp_path)
@@ -237,3 +238,13 @@ def test_anytime_prints_prediction_times_and_drift(tmp_path):
     worst = re.fullmatch(r"slda: worst W relative error ([\d.e+-]+) over 120 samples \(d = 32, "
                          r"8 corrections at most\)", lines[-1])
     assert worst and float(worst[1]) < 1e-9, lines
+
+
+def test_anytime_drift_compares_the_kept_answer_with_a_fresh_solve(tmp_path):
+    lines = run("anytime_drift.py", "--source", "synthetic", "--dim", "48", "--samples", "2000",
+                "--checks", "2", "--rows", "100", cache=tmp_path)
+    rows = [line for line in lines if re.match(r"\| [\d,]+ \| 12 \|", line)]
+    assert rows, lines
+    worst = re.fullmatch(r"worst: predict_proba ([\d.e+-]+), precision action \(relative\) "
+                         r"([\d.e+-]+), W \(relative\) ([\d.e+-]+); \d+ s", lines[-1])
+    assert worst and max(float(v) for v in worst.groups()) < 1e-9, lines

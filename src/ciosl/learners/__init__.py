@@ -1,6 +1,7 @@
 """Streaming learners. Importing this package registers every method."""
 
 from ciosl.learners import (  # noqa: F401
+    acil,
     agem,
     ciosl,
     coreset_only,

@@ -78,6 +78,19 @@ def spd_solve(A: torch.Tensor, B: torch.Tensor, definite: bool) -> torch.Tensor:
     return torch.linalg.pinv(A, hermitian=True) @ B
 
 
+def draw_projection(D: int, dim: int, seed: int) -> torch.Tensor:
+    """P (D, d), entries N(0, 1/d) drawn from ``seed``: the random features h = relu(P z) of
+    rp_lda, ranpac and acil (the same seed gives the same features in each)."""
+    g = torch.Generator().manual_seed(int(seed))
+    return torch.randn(D, dim, generator=g, dtype=torch.float64) / math.sqrt(dim)
+
+
+def check_proj_dim(name: str, D) -> None:
+    if type(D) is not int or not 1 <= D <= MAX_PROJ_DIM:  # not bool, not a numpy integer
+        raise ValueError(f"{name}: proj_dim must be a Python int in [1, {MAX_PROJ_DIM}], got "
+                         f"proj_dim={D!r} ({type(D).__name__})")
+
+
 @register
 class RPLDA(Learner):
     name = "rp_lda"
@@ -109,10 +122,7 @@ class RPLDA(Learner):
 
     def _check_settings(self) -> None:
         super()._check_settings()
-        D = self.proj_dim
-        if type(D) is not int or not 1 <= D <= MAX_PROJ_DIM:  # not bool, not a numpy integer
-            raise ValueError(f"{self.name}: proj_dim must be a Python int in [1, {MAX_PROJ_DIM}]"
-                             f", got proj_dim={D!r} ({type(D).__name__})")
+        check_proj_dim(self.name, self.proj_dim)
         # shrinkage: its range, [0, 1] (Learner.ranges); refused where oas ignores it
         if "shrinkage_estimator" in self.get_params():  # not in ranpac, which subclasses this
             check_shrinkage(self)
@@ -120,8 +130,7 @@ class RPLDA(Learner):
     # ------------------------------------------------------------------ state
     def _init_state(self, dim: int) -> None:
         D = int(self.proj_dim)
-        g = torch.Generator().manual_seed(int(self.seed))
-        self.proj = torch.randn(D, dim, generator=g, dtype=torch.float64) / math.sqrt(dim)  # (D, d)
+        self.proj = draw_projection(D, dim, self.seed)  # (D, d)
         self.shift = torch.zeros(D, dtype=torch.float64)  # (D,) c, set by the first commit
         self._sums = Rows((D,), torch.float64)  # (K, D) sum of h - c per class
         self._counts = Rows((), torch.int64)  # (K,) committed samples per class
