@@ -27,6 +27,7 @@ import ciosl
 from ciosl.cli import main
 from ciosl.evaluation import experiment
 from ciosl.evaluation.experiment import ExperimentSpec, run_experiment
+from ciosl.learners import registry
 
 QUICK = ["--dataset", "digits", "--ordering", "class_iid", "--limit-per-class", "12",
          "--offline-epochs", "2", "--quiet"]
@@ -61,6 +62,8 @@ def gated_learner(tmp: Path, monkeypatch) -> str:
     module = f"gated_{uuid.uuid4().hex[:8]}"
     (tmp / f"{module}.py").write_text(GATED.format(name=module))
     monkeypatch.syspath_prepend(str(tmp))
+    # registered for this test only: later tests list the methods (error messages, reports)
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
     monkeypatch.delenv("CIOSL_TEST_GATE", raising=False)  # only the first command waits
     return f"{module}:L"
 

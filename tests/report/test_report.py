@@ -478,7 +478,7 @@ def _section_exists(docs: Path, target: str) -> bool:
 
 def test_every_departure_links_a_section_that_exists():
     """Each setting's evidence (``EVIDENCE``) is a heading of a file under docs/findings/."""
-    docs = Path(__file__).resolve().parent.parent / "docs"
+    docs = Path(__file__).resolve().parents[2] / "docs"
     for setting, (_, target) in EVIDENCE.items():
         assert target.startswith("findings/") and _section_exists(docs, target), setting
     assert not _section_exists(docs, "findings/kl-weight.md#no-such-section")
