@@ -246,6 +246,21 @@ def test_evaluation_predicts_in_bounded_chunks(monkeypatch):
     assert calls == [7] * (len(Zs) // 7) + ([len(Zs) % 7] if len(Zs) % 7 else [])
 
 
+def _new_class_over_known(learner: Learner, K: int, mode: type) -> tuple[int, int]:
+    """What ``mode`` (``_Written`` or ``_Fresh``) counts for a learn_one of a new class beyond
+    one of a known class, at the same moment, on a learner of K classes (a doubling, if one is
+    due, happens first), and the output layer's elements after it."""
+    z = np.ones(8, np.float32)
+    learner.learn_one(z, K)
+    counted = {}
+    for kind, y in (("known", 3), ("new", K + 1)):
+        with mode() as m:
+            learner.learn_one(z, y)
+        counted[kind] = m.n
+    assert learner.net.params[-2].shape[0] == K + 2
+    return counted["new"] - counted["known"], (K + 2) * (learner.net.params[-2].shape[1] + 1)
+
+
 @pytest.mark.parametrize("method", ["finetune", "tinyer", "agem", "remind", "exstream"])
 def test_mlp_new_class_extra_work_is_its_output_layer(method):
     """A new class grows the MLP head's output layer and its momentum by one concatenation each
@@ -257,18 +272,10 @@ def test_mlp_new_class_extra_work_is_its_output_layer(method):
     settings = {"agem": {"n_replay": 0}}.get(method, {})  # no projection: the same step
     extra = []
     for K in (20, 600):
-        learner = _grown(method, K, base_epochs=1, **settings)
-        z = np.ones(8, np.float32)
-        learner.learn_one(z, K)
-        written = {}
-        for kind, y in (("known", 3), ("new", K + 1)):
-            with _Written() as w:
-                learner.learn_one(z, y)
-            written[kind] = w.n
-        assert learner.net.params[-2].shape[0] == K + 2
-        layer = (K + 2) * (learner.net.params[-2].shape[1] + 1)
-        extra.append(written["new"] - written["known"])
-        assert layer <= extra[-1] <= 4 * layer, (K, extra, layer)
+        more, layer = _new_class_over_known(_grown(method, K, base_epochs=1, **settings), K,
+                                            _Written)
+        extra.append(more)
+        assert layer <= more <= 4 * layer, (K, extra, layer)
     assert extra[1] > extra[0]
 
 
@@ -444,18 +451,10 @@ def test_ewc_new_class_allocates_its_output_layer_only(method):
     the output layer (the grown layer, its momentum, the running importance and the curvature
     get one row each: a concatenation of the layer), at 20 classes and at 600 -- no clone of
     the hidden layers' anchor or importance (8 x 256 + 256 x 256 elements)."""
-    z = np.ones(8, np.float32)
     for K in (20, 600):
-        learner = _grown(method, K, base_epochs=1, refresh_every=1)
-        learner.learn_one(z, K)
-        fresh = {}
-        for kind, y in (("known", 3), ("new", K + 1)):
-            with _Fresh() as f:
-                learner.learn_one(z, y)
-            fresh[kind] = f.n
-        assert learner.net.params[-2].shape[0] == K + 2
-        layer = (K + 2) * (learner.net.params[-2].shape[1] + 1)
-        assert layer <= fresh["new"] - fresh["known"] <= 4 * layer, (K, fresh, layer)
+        more, layer = _new_class_over_known(_grown(method, K, base_epochs=1, refresh_every=1),
+                                            K, _Fresh)
+        assert layer <= more <= 4 * layer, (K, more, layer)
 
 
 @pytest.mark.parametrize("method", ["ewc", "mas"])
