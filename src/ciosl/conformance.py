@@ -34,7 +34,7 @@ PREDICT_CELLS = 2**21  # probabilities per predict_proba call of checked_predict
 INT_LABELS = [7, 3, 11, 0, 5]  # not 0..K-1, so a learner cannot confuse labels and indices
 STR_LABELS = ["cat", "dog", "emu", "fox", "gnu"]
 _CENTERS = np.random.default_rng(1234).normal(0.0, 3.0, (N_CLASSES, DIM))  # well separated
-_BASE_ATTRS = {"classes_", "_class_index", "dim_", "n_seen_", "rng", "torch_rng"}
+_BASE_ATTRS = {"classes_", "_class_index", "dim_", "n_seen_", "rng", "torch_rng", "_asked"}
 
 
 def cases() -> list[tuple[type[Learner], dict]]:

@@ -10,6 +10,8 @@ shrinkage is from the one the scheme would choose now.
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 import torch
@@ -18,6 +20,7 @@ from sklearn.datasets import load_digits
 from sklearn.linear_model import Ridge
 
 from ciosl.learners import anytime, make_learner
+from ciosl.learners.base import lock_of
 from ciosl.serial import digest
 
 BLOCK = 32  # a small buffer: commits, and answers two commits apart, happen often
@@ -167,6 +170,49 @@ def test_a_prediction_after_a_learn_factorizes_nothing(digits, monkeypatch, meth
     assert count.calls
 
 
+@pytest.mark.parametrize("method, settings", [
+    ("ncm", {}), ("slda", {}), ("rp_lda", {"proj_dim": 96}), ("ranpac", {"proj_dim": 96})])
+def test_a_learn_after_a_prediction_brings_the_answer_current(digits, monkeypatch, method,
+                                                              settings):
+    """When a prediction was asked since the last learn, the next learn brings the kept answer
+    current before it returns and publishes it: the prediction after it reads that answer (no
+    catch-up, no factorization) without the learner's lock. A learn that no prediction
+    preceded catches up nothing and publishes nothing: a stream learned without answers pays
+    what it paid, and its next prediction catches up under the lock."""
+    Z, y = digits
+    learner = make_learner(method, **settings)
+    learner.block = BLOCK
+    learner.learn_many(Z[:300], y[:300])
+    assert learner.published() is None
+    learner.predict_proba(Z[-50:])
+    count = Factorizations(monkeypatch, settings.get("proj_dim", Z.shape[1]))
+    for i in range(300, 340):  # a commit every BLOCK samples included
+        before = learner._answer
+        learner.learn_one(Z[i], y[i])
+        assert learner._answer is not before  # caught up inside the learn
+        assert learner.published()._answer is learner._answer
+        calls = len(count.calls)
+        answers = []
+        with lock_of(learner):  # held by this thread: a reader that took it would wait
+            reader = threading.Thread(target=lambda: answers.append(
+                learner.predict_proba(Z[-50:])))
+            reader.start()
+            reader.join(60)
+            assert not reader.is_alive()
+        assert len(count.calls) == calls and learner.published()._answer is learner._answer
+        np.testing.assert_allclose(answers[0], REFERENCE[method](  # with its shrinkage
+            learner, features(learner, Z[:i + 1]), y[:i + 1], features(learner, Z[-50:])),
+            rtol=1e-6, atol=1e-8)
+    learner.learn_one(Z[340], y[340])  # after a prediction: caught up
+    kept = learner._answer
+    for i in range(341, 345):  # no prediction since: nothing caught up, nothing published
+        learner.learn_one(Z[i], y[i])
+        assert learner._answer is kept and learner.published() is None
+    P = learner.predict_proba(Z[-50:])
+    assert learner._answer is not kept and learner.published()._answer is learner._answer
+    np.testing.assert_array_equal(learner.predict_proba(Z[-50:]), P)
+
+
 def test_ncm_catches_up_without_taking_every_waiting_row_again(digits, monkeypatch):
     """NCM merges only the rows since the last answer: the group of rows it forms at an
     answer after one learn has one row, however many wait in the buffer, until d / 4 = 16
@@ -218,10 +264,11 @@ def test_held_shrinkage_stays_within_its_stated_bound(digits, method, settings):
                                               ("ranpac", {"proj_dim": 64}), ("ncm", {})])
 def test_a_failed_learn_after_answers_leaves_state_and_answers(digits, method, settings):
     """A learn that raises inside its update, after answers were kept and a commit rotated the
-    buffer, leaves the state bit for bit as a twin's that never failed, and the next answer is
-    a refit on that state: the same as a fresh learner's loaded from the twin's state. (The
-    twin's own answer caught up with the shrinkage held since its last refit: it may differ
-    within the held shrinkage's bound, see docs/anytime.md.)"""
+    buffer, leaves the state bit for bit as a twin's that never failed, and the answer as it
+    was before the call (the published one: all or nothing covers the answer too); a learner
+    loaded from that state answers as one loaded from the twin's (a refit on the same state).
+    (A kept answer caught up with the shrinkage held since its last refit: it may differ from
+    a refit's within the held shrinkage's bound, see docs/anytime.md.)"""
     Z, y = digits
     Zt = Z[-100:]
 
@@ -236,6 +283,7 @@ def test_a_failed_learn_after_answers_leaves_state_and_answers(digits, method, s
 
     learner, twin = build(), build()
     before = digest(learner.state_dict())
+    answer = learner.predict_proba(Zt)
     commit = type(learner)._commit
 
     def failing(self, *args):
@@ -247,8 +295,10 @@ def test_a_failed_learn_after_answers_leaves_state_and_answers(digits, method, s
         learner.learn_many(Z[100:150], y[100:150])  # commits a block, then fails
     del learner._commit
     assert digest(learner.state_dict()) == before
+    np.testing.assert_array_equal(learner.predict_proba(Zt), answer)
     fresh = twin.clone().load_state_dict(twin.state_dict())
-    np.testing.assert_allclose(learner.predict_proba(Zt), fresh.predict_proba(Zt),
+    loaded = learner.clone().load_state_dict(learner.state_dict())
+    np.testing.assert_allclose(loaded.predict_proba(Zt), fresh.predict_proba(Zt),
                                rtol=1e-9, atol=1e-12)
     for z in (learner, twin):
         for i in range(100, 140):

@@ -46,13 +46,16 @@ def test_the_lock_is_per_learner_and_outside_its_state():
         assert digest(twin.state_dict()) == digest(a.state_dict())
 
 
-@pytest.mark.parametrize("method", ["tinyer", "ciosl", "ewc"])
-def test_a_prediction_never_waits_for_a_learn_step(method):
+@pytest.mark.parametrize("method, settings", [
+    ("tinyer", {}), ("ciosl", {}), ("ewc", {}), ("ncm", {}), ("slda", {}),
+    ("rp_lda", {"proj_dim": 32}), ("ranpac", {"proj_dim": 32}), ("acil", {"proj_dim": 32})])
+def test_a_prediction_never_waits_for_a_learn_step(method, settings):
     """While a learn step is held inside its update (holding the learner's lock), another
     thread's predictions answer at once, from the last published state: the classes and
-    probabilities from before the step. After the step they include its new class."""
+    probabilities from before the step. After the step they include its new class. (The
+    closed forms publish their kept answer once a prediction was asked: ``keeps_answer``.)"""
     x, y = _stream()
-    learner = make_learner(method)
+    learner = make_learner(method, **settings)
     learner.fit_base(x[:12], y[:12])
     before = learner.predict_proba(x[:4])
     inside, release = threading.Event(), threading.Event()

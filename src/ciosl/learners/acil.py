@@ -54,6 +54,9 @@ class ACIL(Learner):
     ranges = {**Learner.ranges, "gamma": Range(1e-6, 1e6)}
     conformance_settings: ClassVar[list[dict]] = [{"proj_dim": 32, "gamma": 0.1}]
     draws_random = False
+    # predictions read P and W, which no step writes (a step replaces W): they answer from the
+    # state published at the end of each call, without the lock (``Learner.published``)
+    published_parts: ClassVar[tuple[str, ...] | None] = ()
 
     def __init__(self, *, proj_dim: int = 4096, gamma: float = 100.0, seed: int = 0):
         self.proj_dim = proj_dim

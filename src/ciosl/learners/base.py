@@ -200,11 +200,19 @@ def _no_exit(fn: Callable) -> Callable:
                                 "twin: Learner.published); call it on the learner")
             if reads:
                 state = self.__dict__
+                asked = state.get("_asked")
+                if asked is not None:  # a prediction was asked since the last learn
+                    asked[0] = True
                 if state.get("_frozen"):  # a published state: nobody writes it
                     return fn(self, *args, **kwargs)
                 pub = state.get("_pub")
                 if pub is not None:
                     return fn(pub, *args, **kwargs)
+                with lock_of(self):
+                    out = fn(self, *args, **kwargs)
+                    if self.keeps_answer:  # its answer is current now: later reads need no lock
+                        self._publish(reading=True)
+                    return out
             with lock_of(self):
                 return fn(self, *args, **kwargs)
         except SystemExit as e:
@@ -248,6 +256,11 @@ class Learner(AllOrNothing, Persistent):
     # predictions from any thread answer from the last published state without waiting for a
     # learn step (``published``). None: predictions take the learner's lock.
     published_parts: ClassVar[tuple[str, ...] | None] = None
+    # a learner that keeps its last answer between predictions (the closed forms: ``_answer``,
+    # not part of the state) and brings it current in ``_answer_now``: a learn call after which
+    # a prediction was asked brings it current before it returns and publishes it, so the next
+    # prediction costs a plain one; a learn nobody asked about leaves it to the next answer
+    keeps_answer: ClassVar[bool] = False
 
     # settings added after results began recording every setting, with the value the results
     # written before them ran at: reports read a result that lacks one at that value, not at
@@ -381,15 +394,30 @@ class Learner(AllOrNothing, Persistent):
         self.n_seen_: int = 0
         self.rng = np.random.default_rng(self.seed)
         self.torch_rng = torch.Generator().manual_seed(int(self.seed))
+        self._asked = [False]  # shared with the published twins: a prediction since a learn
 
-    def _publish(self) -> None:
+    def _answer_now(self) -> None:
+        """Bring the kept answer current (``keeps_answer``)."""
+
+    def _publish(self, reading: bool = False) -> None:
         """The state as it is now becomes the one predictions read (``published``): a shallow
         twin of the learner and of its ``published_parts`` (references to tensors no step
-        writes), with its own copy of ``classes_``. O(attributes + classes)."""
+        writes), with its own copy of ``classes_``. O(attributes + classes). A learner that
+        ``keeps_answer`` first brings its answer current, at the end of a learn only if a
+        prediction was asked since the previous one (else nothing is published and the next
+        prediction catches up under the lock); ``reading``: after a prediction did."""
         parts = type(self).published_parts
         if parts is None or self.dim_ is None or self.violates_single_pass:
             self.__dict__.pop("_pub", None)
             return
+        if self.keeps_answer:
+            asked = self._asked
+            if not reading:
+                if not asked[0]:
+                    self.__dict__.pop("_pub", None)
+                    return
+                asked[0] = False
+            self._answer_now()  # nothing to do after a prediction
         state = dict(self.__dict__)
         state.pop("_pub", None)
         state["classes_"] = list(self.classes_)

@@ -37,6 +37,10 @@ class BlockMeans(Learner):
     """A learner whose statistics are exact per-class means, updated in blocks."""
 
     block: ClassVar[int] = 256  # samples buffered before one update of the statistics
+    # predictions read the kept answer, published after a learn that a prediction preceded
+    # (``Learner.keeps_answer``): no learn step writes it
+    published_parts: ClassVar[tuple[str, ...] | None] = ()
+    keeps_answer = True
     draws_random = False  # no step draws a random number (Learner._draws_random)
 
     # ------------------------------------------------------------------ state

@@ -50,6 +50,9 @@ class NCM(BlockMeans):
             raise ValueError(f"{self.name}: temperature must be > 0, got {self.temperature}")
 
     _fit_base = BlockMeans._append
+
+    def _answer_now(self) -> None:
+        self._answer_means()
     draws_random = False  # no step draws a random number (Learner._draws_random)
 
     def _answer_means(self) -> tuple[torch.Tensor, torch.Tensor]:

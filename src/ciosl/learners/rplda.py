@@ -112,6 +112,8 @@ class RPLDA(Learner):
     conformance_settings: ClassVar[list[dict]] = [{"proj_dim": 32},
                                                   {"proj_dim": 32, "shrinkage_estimator": "fixed"}]
     block: ClassVar[int] = 256  # samples buffered before one GEMM update of the statistics
+    published_parts: ClassVar[tuple[str, ...] | None] = ()  # the kept answer (blocks.py)
+    keeps_answer = True
 
     def __init__(self, *, proj_dim: int = 4096, shrinkage: float = 1e-4,
                  shrinkage_estimator: str = "oas", seed: int = 0):
@@ -338,6 +340,9 @@ class RPLDA(Learner):
             new = self._refit(at)
         self._answer = new
         return new.Wb
+
+    def _answer_now(self) -> None:
+        self._weights()
 
     @property
     def _estimator(self) -> str:

@@ -180,6 +180,9 @@ class SLDA(BlockMeans):
         self._answer = new
         return new.Wb
 
+    def _answer_now(self) -> None:
+        self._weights()
+
     def _caught_up(self, ans: Answer, at, Zr: torch.Tensor, yr: torch.Tensor
                    ) -> Answer | None:
         return lda_rows_caught_up(ans, at, len(self.classes_), Zr.double(), yr,
