@@ -194,7 +194,7 @@ def test_a_learn_after_a_prediction_brings_the_answer_current(digits, monkeypatc
         calls = len(count.calls)
         answers = []
         with lock_of(learner):  # held by this thread: a reader that took it would wait
-            reader = threading.Thread(target=lambda: answers.append(
+            reader = threading.Thread(target=lambda out=answers: out.append(
                 learner.predict_proba(Z[-50:])))
             reader.start()
             reader.join(60)
