@@ -12,6 +12,7 @@ bodies) against one server, per method, at width ``--dim``. Prints, per method:
 
     python benchmarks/serve_load.py                                  # slda, ncm, tinyer, ciosl
     python benchmarks/serve_load.py --methods slda --seconds 20 --recover-samples 1000000
+    python benchmarks/serve_load.py --writer-nice 0    # learns at the answers' priority
 """
 
 from __future__ import annotations
@@ -145,8 +146,9 @@ def bench(method: str, a: argparse.Namespace) -> None:
     warm = [stream.next() for _ in range(max(1, 2 * a.classes // a.batch))]
     local = in_process_rate(method, Stream(a.dim, a.classes, a.batch, seed=1), warm, a.seconds)
     with tempfile.TemporaryDirectory() as folder:
+        nice = [] if a.writer_nice is None else ["--writer-nice", str(a.writer_nice)]
         proc, url, _ = start(folder, "--method", method, "--snapshot-seconds", "0",
-                             "--snapshot-every", "0")
+                             "--snapshot-every", "0", *nice)
         try:
             with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {TOKEN}"}) as h:
                 for x, y in warm:
@@ -220,6 +222,8 @@ def main() -> None:
     p.add_argument("--predict-rows", type=int, default=8)
     p.add_argument("--seconds", type=float, default=8.0)
     p.add_argument("--recover-samples", type=int, default=20_000)
+    p.add_argument("--writer-nice", type=int, default=None,
+                   help="the server's --writer-nice (default: the server's default, 10)")
     a = p.parse_args()
     for method in a.methods.split(","):
         bench(method, a)

@@ -235,6 +235,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-body", type=int, default=64 << 20, help="bytes per request body "
                        "at most")
     serve.add_argument("--threads", type=int, default=1, help="torch threads")
+    serve.add_argument("--writer-nice", type=int, default=10, metavar="N",
+                       help="nice value of the thread that applies learns (0..19; Linux): "
+                       "under load, answers get the CPU first (0: the same as answers)")
 
     report = sub.add_parser("report", help="tables and figures from a folder of result JSONs")
     report.add_argument("results", help="folder of result JSONs (searched recursively)")
@@ -315,7 +318,8 @@ def main(argv: list[str] | None = None) -> int:
                                  host=args.host, port=args.port, token_file=args.token_file,
                                  extractor=args.extractor, snapshot_every=args.snapshot_every,
                                  snapshot_seconds=args.snapshot_seconds,
-                                 max_batch=args.max_batch, max_body=args.max_body)
+                                 max_batch=args.max_batch, max_body=args.max_body,
+                                 writer_nice=args.writer_nice)
         elif args.command == "run":
             from ciosl.evaluation.experiment import (
                 ExperimentSpec,

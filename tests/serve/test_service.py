@@ -189,3 +189,34 @@ def test_unknown_settings_are_named():
         sv.settings_for("ncm", {"nope": "1"})
     with pytest.raises(ValueError, match="shrinkage"):
         sv.settings_for("slda", {"shrinkage": "-3"})
+
+
+@pytest.mark.parametrize("nice", [0, 7])
+def test_the_writer_thread_runs_at_its_nice_value(tmp_path, nice):
+    """Learns are applied by a thread of lower priority than the answers' (``writer_nice``):
+    its own nice value, the rest of the process unchanged."""
+    import os
+
+    before = os.getpriority(os.PRIO_PROCESS, 0)
+    s = _open(tmp_path, "ncm", writer_nice=nice)
+    try:
+        x, y, rid = _batches(1)[0]
+        assert _learn(s, x, y, rid).status == 200  # the writer has started and set it
+        assert os.getpriority(os.PRIO_PROCESS, s._thread.native_id) == before + nice
+        assert os.getpriority(os.PRIO_PROCESS, 0) == before
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize("flag, value, words", [
+    ("writer_nice", 20, "--writer-nice must be in 0..19, got 20"),
+    ("writer_nice", -1, "--writer-nice must be in 0..19, got -1"),
+    ("snapshot_every", -1, "--snapshot-every must be >= 0, got -1")])
+def test_bad_serve_flags_are_refused_in_one_line(tmp_path, flag, value, words):
+    from ciosl.serve.server import serve_command
+
+    flags = {"snapshot_every": 10, "snapshot_seconds": 0.0, "max_batch": 16,
+             "max_body": 4096, "writer_nice": 10, flag: value}
+    with pytest.raises(sv.ServeError) as e:
+        serve_command(str(tmp_path / "dir"), "ncm", {}, **flags)
+    assert str(e.value) == words and not (tmp_path / "dir").exists()

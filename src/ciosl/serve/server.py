@@ -121,7 +121,7 @@ def serve(folder: str, method: str | None, overrides: dict[str, str], *,
 
 def serve_command(folder: str, method: str | None, overrides: dict[str, str], *,
                   snapshot_every: int, snapshot_seconds: float, max_batch: int, max_body: int,
-                  **kw) -> int:
+                  writer_nice: int = 10, **kw) -> int:
     """``ciosl serve``'s flags, checked, then ``serve``."""
     if snapshot_every < 0:
         raise ServeError(f"--snapshot-every must be >= 0, got {snapshot_every}")
@@ -131,7 +131,10 @@ def serve_command(folder: str, method: str | None, overrides: dict[str, str], *,
         raise ServeError(f"--max-batch must be in 1..{1 << 20}, got {max_batch}")
     if not 1024 <= max_body <= 1 << 32:
         raise ServeError(f"--max-body must be in 1024..{1 << 32}, got {max_body}")
+    if not 0 <= writer_nice <= 19:
+        raise ServeError(f"--writer-nice must be in 0..19, got {writer_nice}")
     return serve(folder, method, overrides,
                  options=Options(snapshot_every=snapshot_every,
-                                 snapshot_seconds=snapshot_seconds),
+                                 snapshot_seconds=snapshot_seconds,
+                                 writer_nice=writer_nice),
                  limits=Limits(max_body=max_body, max_rows=max_batch), **kw)

@@ -56,6 +56,9 @@ class Options:
     id_window: int = 1_000_000  # how many of the last idempotency ids are remembered
     max_group: int = 512  # requests in one group commit at most
     snapshot_on_close: bool = True
+    # the writer thread's nice value (Linux: per thread): under load the scheduler gives the
+    # CPU to the threads that answer first, so learning slows down before answers do
+    writer_nice: int = 10
 
 
 @dataclass
@@ -309,6 +312,10 @@ class Service:
 
     # ------------------------------------------------------------------ the writer
     def _writer(self) -> None:
+        if self.options.writer_nice:
+            with contextlib.suppress(AttributeError, OSError):  # not Linux: as it is
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(),
+                               self.options.writer_nice)
         while True:
             timeout = self.options.snapshot_seconds or None
             try:
