@@ -185,8 +185,11 @@ def test_weights_cached_until_the_statistics_change(monkeypatch):
     monkeypatch.setattr(rplda, "PREDICT_CHUNK", 7)  # the chunked projection gives the same
     np.testing.assert_allclose(learner.predict_proba(Z), P, rtol=0, atol=1e-12)
     assert learner._answer is answer
-    learner.learn_one(Z[150], y[150])
-    assert learner._answer is answer  # a learn does not touch the kept answer
+    learner.learn_one(Z[150], y[150])  # a prediction preceded it: it brings the answer current
+    assert learner._answer is not answer and learner._answer.at[1] == learner.n_pending
+    answer = learner._answer
+    learner.learn_one(Z[151], y[151])
+    assert learner._answer is answer  # no prediction since: the learn leaves the kept answer
     learner.predict_proba(Z[:3])
     assert learner._answer is not answer and learner._answer.at[1] == learner.n_pending
 
