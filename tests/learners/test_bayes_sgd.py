@@ -1,7 +1,8 @@
 """The Bayesian head's momentum step (``bayes_head.FlatSGD.step_net``) and the MLP heads'
-(``head.SGD.step``) write new tensors with the bits of the in-place steps they replaced:
-torch's fused CPU SGD kernel and ``buf.mul(m).add_(d)`` (docs/findings/state-rule.md). The
-inputs are left as they were (the state rule)."""
+(``head.SGD.step``) write new tensors with the bits of the in-place steps before the state
+rule: torch's fused CPU SGD kernel on the whole vector (an out-of-place rewrite must match its
+vector loop and its scalar loop, which the compiler rounds differently) and
+``buf.mul(m).add_(d)`` (docs/findings/state-rule.md). The inputs are left as they were."""
 
 import pytest
 import torch

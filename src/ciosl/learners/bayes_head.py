@@ -3,8 +3,8 @@
 The head is ``bnn.BayesMLP`` (hidden [256, 256], ReLU, mean-field Gaussian). One update per
 sample has two parts:
 
-1. **Means: one SGD step** (lr, momentum, weight decay; the gradient clipped to
-   ``max_grad_norm``) on the paper's per-sample objective (Eq. 3 + Eq. 6):
+1. **Means: one SGD step** (lr, momentum, weight decay; torch's fused kernel; the gradient
+   clipped to ``max_grad_norm``) on the paper's per-sample objective (Eq. 3 + Eq. 6):
 
        L = mean_{labelled rows} CE(f(z_i), y_i)    f ~ q: one local-reparameterization draw
          + lambda2 * mean_{distilled rows} sum_{c < c_j} (h_jc - f(z_j)_c)^2            (Eq. 6)
@@ -17,8 +17,8 @@ sample has two parts:
 The prior is refreshed to the posterior per ``prior_refresh`` (docs/design.md, "Two traps"). Base
 training uses the initial prior; after it the prior is the base posterior.
 
-State (docs/design.md): a step replaces the head's vectors and the momentum (each new vector
-written once, out of place); rollback puts the references back (``undo.keep``).
+State (docs/design.md): a step replaces the head's vectors and the momentum (torch's fused SGD
+kernel runs on copies); rollback puts the references back (``undo.keep``).
 
 Why this combination (measured): docs/findings/bayesian-head.md.
 """
@@ -43,9 +43,8 @@ FISHER_DECAY = 0.01  # EMA rate of the Fisher estimate (~100 steps) of VCL and t
 # on short streams (conformance: 0.5 vs 0.95 accuracy on a class seen 10 times) while 1, 3 and
 # 10 tie on the development streams (digits class-iid Omega_all 0.966 / 0.967 / 0.965)
 BAYES_MAX_GRAD_NORM = 3.0
-_FUSED = hasattr(torch, "_fused_sgd_")  # the step's bits before the state rule (FlatSGD)
+_FUSED = hasattr(torch, "_fused_sgd_")
 _MINUS_ONE = torch.tensor(-1.0)
-_ONE = torch.tensor(1.0)
 
 # the settings every Bayesian head shares, with their help
 BAYES_HELP = {
@@ -99,9 +98,9 @@ def scores(logits: torch.Tensor, P: torch.Tensor, Y: torch.Tensor, n: int, k: in
 
 class FlatSGD(SGD):
     """``head.SGD`` (d = g + wd p; buf = m buf + d; p -= lr buf) for the one flat parameter
-    tensor of a ``BayesMLP``: the new momentum and the new means are each written once, into
-    new tensors that replace the old ones (the state rule: the old tensors are left as they
-    were), with the bits of torch's fused CPU SGD kernel (``step_net``)."""
+    tensor of a ``BayesMLP``, with torch's fused CPU SGD kernel where it exists (``head.SGD``'s
+    arithmetic otherwise). The kernel works in place, so it runs on copies of the means and the
+    momentum, which then replace them (the state rule: the old tensors are left as they were)."""
 
     def __init__(self, net: BayesMLP, *, lr: float, momentum: float, weight_decay: float):
         super().__init__([net.mu], lr=lr, momentum=momentum, weight_decay=weight_decay)
@@ -115,34 +114,21 @@ class FlatSGD(SGD):
 
     @torch.no_grad()
     def step_net(self, net: BayesMLP, grad: torch.Tensor) -> None:
-        """One step of ``net``'s means on ``grad`` (P,), a scratch vector that the step uses for
-        d (afterwards it holds d = grad + wd mu, but for its last P % 64 elements). Each new
-        vector is written once: d in place in the scratch, the new momentum m buf + d
-        (``addcmul`` by 1: m buf rounded before the sum, as the fused kernel's vector loop
-        rounds it; ``torch.add(d, buf, alpha=m)`` rounds once and differs in the last bits),
-        the new means mu - lr buf. The last P % 64 elements (past the fused kernel's vector
-        loop, whose scalar loop the compiler rounded otherwise) go through the fused kernel on
-        copies of them: the bits of the fused step on the whole vector, which the head used
-        before the state rule (``tests/learners/test_bayes_sgd.py``)."""
-        p, buf = net.mu, self.buffers[0]
-        if buf is None:  # the first step: m * 0 + d
-            buf = torch.zeros_like(p)
-        elif buf.shape != p.shape:
-            buf = self._fit(buf, p.shape)
-        new_buf, mu = torch.empty_like(p), torch.empty_like(p)
-        head = p.shape[0] - p.shape[0] % 64 if _FUSED and self.momentum else p.shape[0]
-        if head < p.shape[0]:
-            mu_t, buf_t = p[head:].clone(), buf[head:].clone()
-            torch._fused_sgd_([mu_t], [grad[head:]], [buf_t], weight_decay=self.weight_decay,
+        """One step of ``net``'s means on ``grad`` (P,)."""
+        p = net.mu.clone()
+        buf = self.buffers[0]
+        buf = torch.zeros_like(p) if buf is None else self._fit(buf, p.shape) \
+            if buf.shape != p.shape else buf.clone()  # the first step: m * 0 + d == d
+        if _FUSED and self.momentum:
+            torch._fused_sgd_([p], [grad], [buf], weight_decay=self.weight_decay,
                               momentum=self.momentum, lr=self.lr, dampening=0.0,
                               nesterov=False, maximize=False, is_first_step=False)
-            new_buf[head:], mu[head:] = buf_t, mu_t
-        p, g = p[:head], grad[:head]
-        d = torch.add(g, p, alpha=self.weight_decay, out=g) if self.weight_decay else g
-        torch.addcmul(d, buf[:head], _ONE, value=self.momentum, out=new_buf[:head])
-        torch.add(p, new_buf[:head], alpha=-self.lr, out=mu[:head])
-        self.buffers = [new_buf]
-        net.set_mu(mu)
+        else:  # the fused kernel takes no momentum buffer at momentum 0: head.SGD's step
+            d = grad.add(p, alpha=self.weight_decay) if self.weight_decay else grad
+            buf.mul_(self.momentum).add_(d)
+            p.sub_(buf, alpha=self.lr)
+        self.buffers = [buf]
+        net.set_mu(p)
 
 
 class BayesHead(Learner):
