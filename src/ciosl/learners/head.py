@@ -190,11 +190,11 @@ class SGD:
                 new_buffers.append(buf)
                 continue
             d = g.add(p, alpha=self.weight_decay) if self.weight_decay else g
-            if buf is None or buf.shape != p.shape:  # first step / grown: 0 * m + d == d
-                buf = self._fit(buf, p.shape, p.device)
-            # m buf + d in one pass, m buf rounded before the sum: the bits of
-            # buf.mul(m).add_(d) and of torch's fused SGD kernel
-            buf = torch.addcmul(d, buf, _ONE, value=self.momentum)
+            fresh = None  # first step / grown: 0 * m + d == d, into the new zero-padded buffer
+            if buf is None or buf.shape != p.shape:
+                buf = fresh = self._fit(buf, p.shape, p.device)
+            # m buf + d in one pass, m buf rounded before the sum: buf.mul(m).add_(d)'s bits
+            buf = torch.addcmul(d, buf, _ONE, value=self.momentum, out=fresh)
             new_buffers.append(buf)
             new_params.append(p.detach().sub(buf, alpha=self.lr).requires_grad_(p.requires_grad))
         self.buffers = new_buffers
