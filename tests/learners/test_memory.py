@@ -471,3 +471,34 @@ def test_batch_into_out_equals_the_gather():
     assert Z.data_ptr() == out[2:].data_ptr() and y.tolist() == [1, 0, 1, 2]
     Z2, _ = mem.batch(slots)
     assert torch.equal(Z2, out[2:])
+
+
+@pytest.mark.parametrize("replacement", REPLACEMENTS)
+def test_rollback_after_updates_and_overwrites_of_the_same_rows(replacement):
+    """A call that rescores rows (``update`` journals their logits and scores only) and then
+    overwrites some of them and others (``offer`` journals the features too), with the logits
+    widened, is put back exactly by ``rollback``: every field and the class counts."""
+    for seed in range(20):
+        rng = np.random.default_rng(seed)
+        mem = ReplayMemory(8, DIM, replacement=replacement)
+        for i in range(8):
+            mem.offer(rng.normal(size=DIM).astype(np.float32), i % 3,
+                      logits=rng.normal(size=3).astype(np.float32), loss=float(rng.random()),
+                      uncertainty=float(rng.random()), rng=rng)
+        before = mem.state()
+        counts = mem.class_counts()
+        token = mem.begin()
+        slots = rng.integers(0, mem.size, 5)  # repeats: one row journalled once
+        mem.update(slots, logits=torch.randn(5, 4), loss=torch.rand(5), uncertainty=torch.rand(5))
+        for _ in range(6):
+            mem.offer(rng.normal(size=DIM).astype(np.float32), int(rng.integers(0, 5)),
+                      logits=rng.normal(size=5).astype(np.float32), loss=float(rng.random()),
+                      uncertainty=float(rng.random()), rng=rng)
+        mem.rollback(token)
+        after = mem.state()
+        for name, value in before.items():
+            if isinstance(value, torch.Tensor):
+                assert torch.equal(after[name], value), (seed, name)
+            else:
+                assert after[name] == value, (seed, name)
+        assert mem.class_counts() == counts

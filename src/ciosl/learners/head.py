@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 HIDDEN = (256, 256)
+_ONE = torch.tensor(1.0)  # addcmul's second factor: m buf * 1 + d rounds m buf first
 
 MMAP_THRESHOLD = 32 << 20  # glibc's largest: blocks up to 32 MiB come from the heap
 TRIM_THRESHOLD = 256 << 20  # free heap kept (not returned to the system) up to 256 MiB
@@ -189,10 +190,11 @@ class SGD:
                 new_buffers.append(buf)
                 continue
             d = g.add(p, alpha=self.weight_decay) if self.weight_decay else g
-            if buf is None or buf.shape != p.shape:  # first step / grown: 0 * m + d == d
-                buf = self._fit(buf, p.shape, p.device).mul_(self.momentum).add_(d)
-            else:
-                buf = buf.mul(self.momentum).add_(d)
+            fresh = None  # first step / grown: 0 * m + d == d, into the new zero-padded buffer
+            if buf is None or buf.shape != p.shape:
+                buf = fresh = self._fit(buf, p.shape, p.device)
+            # m buf + d in one pass, m buf rounded before the sum: buf.mul(m).add_(d)'s bits
+            buf = torch.addcmul(d, buf, _ONE, value=self.momentum, out=fresh)
             new_buffers.append(buf)
             new_params.append(p.detach().sub(buf, alpha=self.lr).requires_grad_(p.requires_grad))
         self.buffers = new_buffers

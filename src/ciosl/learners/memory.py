@@ -112,7 +112,9 @@ class ReplayMemory:
         self._counts = np.zeros(8, dtype=np.int64)  # (n_classes,) items per class, incremental
         self._size = 0
         self.n_offered = 0
-        self._journal: dict[int, tuple] | None = None  # slot -> its row before the call
+        # slot -> its row before the call: ((z, y) or None if the call kept them, logits,
+        # n_logits, loss, uncertainty)
+        self._journal: dict[int, tuple] | None = None
         self._views()
 
     def _views(self) -> None:
@@ -184,30 +186,43 @@ class ReplayMemory:
         """Put back every row written since ``begin``, the sizes and the logit width."""
         size, n_offered, width = token
         v = self._np
-        for slot, (z, y, h, n, loss, unc) in (self._journal or {}).items():
-            if slot < self._size:
-                self._counts[v["y"][slot]] -= 1
-            if slot < size:
-                self._counts[y] += 1
-            v["z"][slot], v["y"][slot] = z, y
+        for slot, (row, h, n, loss, unc) in (self._journal or {}).items():
+            if row is not None:  # the call wrote the features and label too
+                z, y = row
+                if slot < self._size:
+                    self._counts[v["y"][slot]] -= 1
+                if slot < size:
+                    self._counts[y] += 1
+                v["z"][slot], v["y"][slot] = z, y
             v["logits"][slot, :len(h)] = h
             v["logits"][slot, len(h):] = 0.0
             v["n_logits"][slot], v["loss"][slot], v["uncertainty"][slot] = n, loss, unc
         self._journal = None
         self._size, self.n_offered, self._width = size, n_offered, width
 
-    def _save(self, slots: np.ndarray | list) -> None:
-        """Journal the rows of ``slots`` not saved yet (a no-op without a journal)."""
+    def _save(self, slots: np.ndarray | list, rows: bool = True) -> None:
+        """Journal the rows of ``slots`` not saved yet (a no-op without a journal); with
+        ``rows`` False only what ``update`` writes (logits and scores): a replayed step does
+        not copy the features of the rows it rescores, and ``offer`` adds them if it then
+        overwrites one of those rows."""
         j = self._journal
         if j is None:
             return
         v = self._np
-        for slot in slots:
-            slot = int(slot)
-            if slot not in j:
-                j[slot] = (v["z"][slot].copy(), int(v["y"][slot]), v["logits"][slot].copy(),
-                           int(v["n_logits"][slot]), float(v["loss"][slot]),
-                           float(v["uncertainty"][slot]))
+        new = []
+        for slot in map(int, slots):
+            saved = j.get(slot)
+            if saved is None:
+                new.append(slot)
+            elif rows and saved[0] is None:  # the features are still the call's first ones
+                j[slot] = ((v["z"][slot].copy(), int(v["y"][slot])), *saved[1:])
+        if new:  # one gather per field (a replayed step rescores ~16 rows)
+            new = list(dict.fromkeys(new))
+            kept = [(z, y) for z, y in zip(v["z"][new], v["y"][new].tolist(), strict=True)] \
+                if rows else [None] * len(new)
+            j.update(zip(new, zip(kept, v["logits"][new], v["n_logits"][new].tolist(),
+                                  v["loss"][new].tolist(), v["uncertainty"][new].tolist(),
+                                  strict=True), strict=True))
 
     # ------------------------------------------------------------------ storing
     def offer(self, z: Any, y: int, *, logits: Any, loss: float, uncertainty: float,
@@ -353,7 +368,7 @@ class ReplayMemory:
             if np.isnan(v).any() or (name == "loss" and (v < 0).any()):
                 raise ValueError(f"memory.update: {name} has NaN or negative values")
             scores[name] = v
-        self._save(s)
+        self._save(s, rows=False)  # features and labels stay
         if h is not None:
             c = h.shape[1]
             self.grow_logits(c)
