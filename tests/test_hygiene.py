@@ -49,9 +49,16 @@ def test_the_demo_installs_no_extras_and_dev_keeps_the_onnx_extra():
             recipes[target] = [line]
         elif target and line.startswith("\t"):
             recipes[target].append(line.strip())
-    demo_installs = [line for t in ("torch", "install-demo") for line in recipes[t][1:]]
+    demo, todo = [], ["install-demo"]  # its recipe and its prerequisites'
+    while todo:
+        head, *lines = recipes[todo.pop()]
+        demo += lines
+        todo += [t for t in head.split(":", 1)[1].split() if t in recipes]
+    demo_installs = [line for line in demo if " install " in line]
+    assert any(re.search(r"\$\(PIP\) install .*\$\(TORCH\)$", line) for line in demo_installs)
     assert any(re.search(r"\$\(PIP\) install .*-e \.(\s|$)", line) for line in demo_installs)
     assert not any("[" in line for line in demo_installs), demo_installs  # no extras
     assert "install-demo" in recipes["demo"][0] and "install " in recipes["test"][0] + " "
     assert any('-e ".[dev]"' in line for line in recipes["install"])
     assert "make test" in (ROOT / ".ci" / "run").read_text()
+    assert re.search(r"^TORCH = torch==2\.13\.0$", (ROOT / "Makefile").read_text(), re.M)
