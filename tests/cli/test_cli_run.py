@@ -10,6 +10,7 @@ import itertools
 import json
 import logging
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -476,6 +477,26 @@ def test_cli_refuses_bad_requests_before_running(args, needles, tmp_path, capsys
 def test_extraction_flags_refused_in_one_line(flag, value, fragment, tmp_path, capsys):
     assert fragment in one_line_error(*cli(capsys, run_args(tmp_path, flag, value)))
     assert not (tmp_path / "cache").exists()  # before any work
+
+
+def test_without_the_onnx_extra_onnx_paths_are_refused_in_one_line_naming_it(tmp_path, capsys,
+                                                                             monkeypatch):
+    """`pip install -e .` (all that `make demo` installs) leaves onnx and onnxruntime out: the
+    default backend falls back to torch, and what needs them names the extra in one line."""
+    monkeypatch.setitem(sys.modules, "onnx", None)  # `import onnx` raises ImportError
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)
+    extra = 'pip install -e ".[onnx]"'
+    line = one_line_error(*cli(capsys, run_args(tmp_path, "--backend", "onnxruntime")))
+    assert line.endswith(f"--backend onnxruntime: onnx and onnxruntime are not installed (the "
+                         f"[onnx] extra): {extra} in the clone, or pip install onnx onnxruntime")
+    model = tmp_path / "model.onnx"
+    model.write_bytes(b"not read")
+    line = one_line_error(*cli(capsys, ["features", "--dataset", "digits", "--extractor",
+                                        f"onnx:{model}", "--cache", str(tmp_path / "cache")]))
+    assert f"extractor onnx:{model}: onnx and onnxruntime are not installed" in line
+    assert extra in line
+    rc, err = cli(capsys, run_args(tmp_path))  # auto: torch, no warning
+    assert rc == 0 and not err.strip(), err
 
 
 def test_device_backend_threads_reach_the_extraction(tmp_path, capsys, monkeypatch):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 
 import numpy as np
-import onnxruntime  # noqa: F401  (a dependency: the suite fails without it)
+import onnxruntime  # noqa: F401  (the [onnx] extra, in [dev]: the suite fails without it)
 import pytest
 import torch
 
@@ -96,7 +96,8 @@ def test_backend_selection(monkeypatch):
     monkeypatch.delenv("CIOSL_BACKEND")
     monkeypatch.setattr(runtime, "onnxruntime_available", lambda: False)
     assert runtime.resolve_backend("auto", "cpu") == "torch"
-    with pytest.raises(ValueError, match="not installed: pip install onnx onnxruntime"):
+    with pytest.raises(ValueError, match=r'^--backend onnxruntime: onnx and onnxruntime are not '
+                       r'installed \(the \[onnx\] extra\): pip install -e "\.\[onnx\]"'):
         runtime.resolve_backend("onnxruntime", "cpu")
 
 

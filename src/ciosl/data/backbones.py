@@ -187,11 +187,8 @@ def _pre_logit(graph) -> tuple[str, str]:
 def load_onnx(name: str, options: Options) -> Backbone:
     """Resolve ``onnx:PATH[@S]`` (module docstring). Raises a one-line ``ValueError`` naming
     the file, the flag or the value."""
-    try:
-        import onnx
-    except ImportError:
-        raise ValueError(f"extractor {name}: needs onnx and onnxruntime (pip install onnx "
-                         "onnxruntime)") from None
+    runtime.require_onnxruntime(f"extractor {name}")
+    import onnx
     spec, size = split_size(name[len(ONNX_PREFIX):], name)
     path = Path(spec).expanduser()
     if not path.is_file():
@@ -258,6 +255,7 @@ def _sidecar(path: Path) -> dict:
 def onnx_session(bb: Backbone, device: str, threads: int):
     """An ONNX Runtime session whose only output is ``bb.tensor``; the CUDA provider under
     ``device == "cuda"`` when installed."""
+    runtime.require_onnxruntime(f"extractor {bb.name}")
     import onnx
     import onnxruntime as ort
 

@@ -260,9 +260,7 @@ def _user_backbone(sources: dict[str, ImageSource], bb: backbones.Backbone, prog
     provider), a module: one under torch, as efficientnet_lite0."""
     how = _user_execution(bb, how)
     if bb.module is None:
-        if not runtime.onnxruntime_available():
-            raise ValueError(f"extractor {bb.name}: needs onnxruntime (pip install onnx "
-                             "onnxruntime)")
+        runtime.require_onnxruntime(f"extractor {bb.name}")
         workers = runtime.resolve_threads(how.threads, "onnxruntime")
         session, on_gpu = backbones.onnx_session(bb, how.device, 1)
         runner = runtime.Runner(backbones.onnx_call(bb, session), bb.batch or

@@ -76,6 +76,12 @@ def resolve_device(device: str | None = None) -> str:
     return value
 
 
+# onnx and onnxruntime are the package's [onnx] extra (pyproject.toml): `pip install -e .`, all
+# that `make demo` installs, leaves them out (digits' pixel features need neither).
+ONNX_MISSING = ("onnx and onnxruntime are not installed (the [onnx] extra): "
+                'pip install -e ".[onnx]" in the clone, or pip install onnx onnxruntime')
+
+
 def onnxruntime_available() -> bool:
     try:
         import onnx  # noqa: F401  (the exporter needs it)
@@ -83,6 +89,13 @@ def onnxruntime_available() -> bool:
     except ImportError:
         return False
     return True
+
+
+def require_onnxruntime(what: str) -> None:
+    """A one-line ``ValueError`` naming ``what`` needs them and the extra that installs them,
+    when onnx or onnxruntime is missing."""
+    if not onnxruntime_available():
+        raise ValueError(f"{what}: {ONNX_MISSING}")
 
 
 def backend_choice(backend: str | None) -> tuple[str, str]:
@@ -104,9 +117,7 @@ def resolve_backend(backend: str | None, device: str) -> str:
     if value == "onnxruntime":
         if device != "cpu":
             raise ValueError(f"{where} onnxruntime runs on the CPU only; use --device cpu")
-        if not onnxruntime_available():
-            raise ValueError(f"{where} onnxruntime: onnxruntime (or onnx) is not installed: "
-                             "pip install onnx onnxruntime")
+        require_onnxruntime(f"{where} onnxruntime")
     return value
 
 
