@@ -27,7 +27,6 @@ def _fused(p, g, buf, *, lr, momentum, weight_decay):
     return p, buf
 
 
-@pytest.mark.skipif(not hasattr(torch, "_fused_sgd_"), reason="no fused SGD kernel")
 @pytest.mark.parametrize("dim", [5, 37, 1280])  # P's tail past the vector width differs
 @pytest.mark.parametrize("weight_decay", [0.0, 1e-5, 0.3])
 @pytest.mark.parametrize("momentum", [0.9, 0.5, 0.0])
