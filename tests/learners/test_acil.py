@@ -69,16 +69,21 @@ def test_the_inverse_stays_near_a_fresh_one_after_thousands_of_updates():
 
 def test_published_tensors_are_never_written_and_a_raising_call_restores_them(monkeypatch):
     Z, y = stream(200)
-    learner = make_learner("acil", proj_dim=32, gamma=0.5)
+    learner = make_learner("acil", proj_dim=64, gamma=0.5)
     learner.fit_base(Z[:60], y[:60])
-    R0, Wt0 = learner.R, learner._Wt
+    R0, Wt0 = learner._R, learner._Wt
     values = R0.clone(), Wt0.clone()
     learner.learn_one(Z[60], y[60])
-    learner.learn_many(Z[61:70], y[61:70])
-    assert learner.R is not R0 and torch.equal(R0, values[0]) and torch.equal(Wt0, values[1])
-    before, R1, Wt1 = digest(learner.state_dict()), learner.R, learner._Wt
+    rows = learner._U[:learner._r].clone()
+    learner.learn_one(Z[61], y[61])  # a second pending row: the first is not written
+    assert learner._r == 2 and torch.equal(learner._U[:1], rows)
+    learner.learn_many(Z[62:70], y[62:70])
+    assert learner._R is not R0 and torch.equal(R0, values[0]) and torch.equal(Wt0, values[1])
+    learner.learn_one(Z[70], y[70])  # one pending row in the state below
+    before, R1, Wt1 = digest(learner.state_dict()), learner._R, learner._Wt
+    r1, U1 = learner._r, learner._U[:learner._r].clone()
     classes = list(learner.classes_)
-    twin = make_learner("acil", proj_dim=32, gamma=0.5)
+    twin = make_learner("acil", proj_dim=64, gamma=0.5)
     twin.load_state_dict(learner.state_dict())
     # a failure inside the block update, after the new classes grew W and one block was done
     calls = [0]
@@ -96,7 +101,8 @@ def test_published_tensors_are_never_written_and_a_raising_call_restores_them(mo
     with pytest.raises(RuntimeError, match="injected"):
         learner.learn_many(Z[70:79], new)
     monkeypatch.undo()
-    assert learner.R is R1 and learner._Wt is Wt1 and learner.classes_ == classes
+    assert learner._R is R1 and learner._Wt is Wt1 and learner.classes_ == classes
+    assert learner._r == r1 and torch.equal(learner._U[:r1], U1)
     assert digest(learner.state_dict()) == before
     for model in (learner, twin):
         model.learn_many(Z[70:79], new)
@@ -110,14 +116,15 @@ def test_a_lost_positive_definiteness_raises_before_anything_moves():
     learner = make_learner("acil", proj_dim=16, gamma=1.0)
     learner.fit_base(Z[:20], y[:20])
     before = digest(learner.state_dict())
-    learner.R = -learner.R  # c = 1 - h^T R h < 1
-    R = learner.R
+    assert learner._r == 0  # after a batch: nothing pending, R is R0
+    learner._R = -learner._R  # c = 1 - h^T R h < 1
+    R = learner._R
     with pytest.raises(FloatingPointError, match="positive definite"):
         learner.learn_one(Z[20], y[20])
     with pytest.raises(FloatingPointError, match="positive definite"):
         learner.learn_many(Z[20:30], y[20:30])
-    assert learner.R is R
-    learner.R = -learner.R
+    assert learner._R is R and learner._r == 0
+    learner._R = -learner._R
     assert digest(learner.state_dict()) == before
 
 
@@ -139,6 +146,38 @@ def test_state_round_trip_answers_and_continues_bit_for_bit():
     bad["state"]["W"] = bad["state"]["W"][:-1]
     with pytest.raises(ValueError, match="inconsistent"):
         make_learner("acil", proj_dim=40, gamma=2.0).load_state_dict(bad)
+
+
+def test_a_learn_reads_the_base_inverse_and_writes_one_row_folding_every_few():
+    """learn_one writes one row of U (R = R0 - U^T U) and replaces R0 only when U is full: the
+    D x D matrix is written once every len(U) learns, not once a learn."""
+    Z, y = stream(400)
+    learner = make_learner("acil", proj_dim=96, gamma=1.0)
+    learner.fit_base(Z[:20], y[:20])
+    fold = len(learner._U)
+    assert fold == 96 // 16
+    replaced = 0
+    for i in range(20, 20 + 5 * fold):
+        R0 = learner._R
+        learner.learn_one(Z[i], y[i])
+        replaced += learner._R is not R0
+        assert learner._r == (i - 19) % fold
+    assert replaced == 5
+    W, R = ridge(learner, Z[:20 + 5 * fold], y[:20 + 5 * fold], 1.0)
+    assert np.abs(learner._R.numpy() - R).max() / np.abs(R).max() < 1e-10  # all folded
+
+
+def test_a_file_without_pending_rows_loads():
+    """A state file written before the pending rows existed (R and W only) loads, with none
+    pending, and answers as the learner that wrote it."""
+    Z, y = stream(120)
+    a = make_learner("acil", proj_dim=40, gamma=2.0)
+    a.learn_many(Z[:100], y[:100])
+    old = a.state_dict()
+    del old["state"]["U"]
+    b = make_learner("acil", proj_dim=40, gamma=2.0).load_state_dict(old)
+    assert b._r == 0
+    np.testing.assert_array_equal(a.predict_proba(Z[100:]), b.predict_proba(Z[100:]))
 
 
 def test_new_classes_grow_the_weights_by_capacity_doubling():

@@ -7,19 +7,23 @@ features as theirs): R = (H^T H + gamma I)^-1 (D, D, float64) and W = R H^T Y (D
 everything seen, so every answer is ridge regression with ``gamma`` on every sample so far (no
 refit, nothing held: ``predict_proba`` is the softmax of h W, as ``ranpac``'s).
 
-- ``learn_one`` (Sherman-Morrison): u = R h, c = 1 + h^T u, R' = R - u u^T / c,
-  W' = W + (u / c)(y - W^T h)^T. Cost O(D^2 + D K): two passes over R (134 MB at D = 4096).
-- ``learn_many`` / ``fit_base`` (Woodbury, blocks of b <= 512 rows H): S = I + H R H^T,
-  R' = R - R H^T S^-1 H R, W' = W + R H^T S^-1 (Y - H W). Cost O(b D^2 + b^2 D + b^3 + b D K)
-  per block; a batch of one is ``learn_one``'s step.
+- ``learn_one`` (Sherman-Morrison): u = R h, c = 1 + h^T u, R' = R - s s^T with s = u / sqrt(c),
+  W' = W + (u / c)(y - W^T h)^T. R is kept as R0 - U^T U: a base R0 (never written) and the rows
+  s of the last r updates (U, r < ``FOLD`` rows appended in place past their live count), so a
+  learn reads R0 once (u = R0 h - U^T (U h)) and writes one row; every ``FOLD`` learns the rows
+  fold into a new R0 (one product, O(D^2 r)). Cost per learn O(D^2 + D r + D K), amortised; the
+  D x D matrix (134 MB at D = 4096) is read once a learn and written once every ``FOLD``.
+- ``learn_many`` / ``fit_base`` (Woodbury, blocks of b <= 512 rows H, after folding the pending
+  rows): S = I + H R H^T, R' = R - R H^T S^-1 H R, W' = W + R H^T S^-1 (Y - H W). Cost
+  O(b D^2 + b^2 D + b^3 + b D K) per block.
 - A new class is a zero column of W (C = H^T Y gains a zero column, so W = R C does): W is kept
   transposed, (K, D) rows in a buffer grown by capacity doubling, so a new class costs
   amortised O(D) at class 10 as at class 100,000.
 
-The state rule (DESIGN.md): R and W are never written in place. A step computes new tensors
-after its checks (c, S positive and finite) and assigns them together; rollback puts the old
-references and the class count back (``_undo``). The state file holds R and W themselves, so a
-loaded learner answers and continues bit for bit.
+The state rule (docs/design.md): R0 and W are never written in place, and U only past its live
+rows. A step computes new tensors after its checks (c, S positive and finite) and assigns them
+together; rollback puts the old references and counts back (``_undo``). The state file holds
+R0, the live rows of U and W, so a loaded learner answers and continues bit for bit.
 
 Deviations: ACIL's buffer layer is this random projection without a bias; the backbone stays
 frozen (as for every learner here); ``gamma`` is absolute (ranpac's GCV, relative to the
@@ -37,6 +41,8 @@ from ciosl.learners.base import Learner, Range, register
 from ciosl.learners.rplda import PREDICT_CHUNK, RPLDA, check_proj_dim, draw_projection
 
 BLOCK = 512  # rows per Woodbury step of learn_many: b^2 D + b^3 stays below b D^2
+FOLD = 256  # learn_one's rows kept apart from R0 (at most D / 16): their cost per learn,
+# 4 r D, stays below the D^2 of reading R0; folding them costs 2 D^2 per learn amortised
 
 
 @register
@@ -71,9 +77,24 @@ class ACIL(Learner):
     def _init_state(self, dim: int) -> None:
         D = int(self.proj_dim)
         self.proj = draw_projection(D, dim, self.seed)  # (D, d)
-        self.R = torch.eye(D, dtype=torch.float64) / float(self.gamma)  # (D, D)
+        self._R = torch.eye(D, dtype=torch.float64) / float(self.gamma)  # (D, D) R0
+        self._U = torch.zeros(max(1, min(FOLD, D // 16)), D, dtype=torch.float64)
+        self._r = 0  # the live rows of _U: R = R0 - U[:r]^T U[:r]
         self._Wt = torch.zeros(8, D, dtype=torch.float64)  # (capacity, D): W^T, rows >= K zero
         self._k = 0
+
+    @property
+    def R(self) -> torch.Tensor:
+        """The inverse (H^T H + gamma I)^-1, (D, D) float64: R0 with the pending rows folded
+        (a new tensor, exactly symmetric; O(D^2 r))."""
+        return self._folded()
+
+    def _folded(self) -> torch.Tensor:
+        if not self._r:
+            return self._R
+        U = self._U[:self._r]
+        R = torch.addmm(self._R, U.T, U, alpha=-1.0)
+        return (R + R.T).mul_(0.5)
 
     @property
     def W(self) -> torch.Tensor:
@@ -88,14 +109,14 @@ class ACIL(Learner):
         self._k += 1
 
     def _undo_record(self, yi: np.ndarray) -> dict[str, Any]:
-        return {"R": self.R, "Wt": self._Wt, "k": self._k}
+        return {"R": self._R, "U": self._U, "r": self._r, "Wt": self._Wt, "k": self._k}
 
     def _undo(self, record: dict[str, Any], n_classes: int) -> None:
-        self.R, self._Wt = record["R"], record["Wt"]
+        self._R, self._U, self._r, self._Wt = record["R"], record["U"], record["r"], record["Wt"]
         self._k = min(record["k"], n_classes)
 
     def _state(self) -> dict[str, Any]:
-        return {"R": self.R.clone(), "W": self.W.clone(),
+        return {"R": self._R.clone(), "U": self._U[:self._r].clone(), "W": self.W.clone(),
                 "proj_probe": self.proj.flatten()[:16].clone()}
 
     def _load_state(self, state: dict[str, Any]) -> None:
@@ -104,12 +125,16 @@ class ACIL(Learner):
                              "one (another torch version?)")
         D = len(self.proj)
         R, W = state["R"], state["W"]
-        if R.shape != (D, D) or W.shape != (self._k, D) or R.dtype != torch.float64:
-            raise ValueError(f"R {tuple(R.shape)} or W {tuple(W.shape)} inconsistent with "
-                             f"proj_dim {D} and {self._k} classes")
+        U = state.get("U", R.new_zeros(0, D))  # files before the pending rows: none pending
+        if (R.shape != (D, D) or W.shape != (self._k, D) or R.dtype != torch.float64
+                or U.dtype != torch.float64 or U.ndim != 2 or U.shape[1] != D):
+            raise ValueError(f"R {tuple(R.shape)}, U {tuple(U.shape)} or W {tuple(W.shape)} "
+                             f"inconsistent with proj_dim {D} and {self._k} classes")
         Wt = torch.zeros(len(self._Wt), D, dtype=torch.float64)
         Wt[:self._k] = W
-        self.R, self._Wt = R.clone(), Wt
+        buf = torch.zeros(max(len(self._U), len(U) + 1), D, dtype=torch.float64)
+        buf[:len(U)] = U
+        self._R, self._U, self._r, self._Wt = R.clone(), buf, len(U), Wt
 
     # ------------------------------------------------------------------ learning
     transform = RPLDA.transform
@@ -124,20 +149,26 @@ class ACIL(Learner):
 
     def _learn_one(self, z: np.ndarray, yi: int) -> None:
         h = self._project(torch.from_numpy(z[None]))[0]  # (D,)
-        u = self.R @ h  # (D,)
+        r, U = self._r, self._U
+        u = self._R @ h  # (D,) R h = R0 h - U^T (U h)
+        if r:
+            u = torch.addmv(u, U[:r].T, U[:r] @ h, alpha=-1.0)
         c = 1.0 + float(h @ u)
         if not np.isfinite(c) or c < 1.0 - 1e-6:  # c >= 1 for a positive definite R
             raise FloatingPointError(f"{self.name}: R lost positive definiteness (c = {c})")
-        s = u / np.sqrt(c)
-        R = torch.addr(self.R, s, s, alpha=-1.0)  # R - u u^T / c: a new tensor
         Wt = torch.addr(self._Wt, self._residual(h[None], torch.tensor([yi]))[0], u / c)
-        self.R, self._Wt = R, Wt
+        U[r] = u / np.sqrt(c)  # R' = R - s s^T: a row past the live ones, which no state reads
+        R = self._R
+        if r + 1 >= len(U):  # fold the rows into a new R0
+            R = torch.addmm(R, U.T, U, alpha=-1.0)
+            R, r = (R + R.T).mul_(0.5), -1
+        self._R, self._r, self._Wt = R, r + 1, Wt
 
     def _learn_batch(self, Z: np.ndarray, yi: np.ndarray) -> None:
         if len(yi) == 1:
             self._learn_one(Z[0], int(yi[0]))
             return
-        R, Wt = self.R, self._Wt
+        R, Wt = self._folded(), self._Wt
         Z, y = torch.from_numpy(Z), torch.from_numpy(np.asarray(yi, dtype=np.int64))
         for i in range(0, len(y), BLOCK):
             H = self._project(Z[i:i + BLOCK])  # (b, D)
@@ -158,7 +189,7 @@ class ACIL(Learner):
             R = 0.5 * (R + R.T)
         if not (bool(torch.isfinite(Wt).all()) and bool(torch.isfinite(R.diagonal()).all())):
             raise FloatingPointError(f"{self.name}: the update is not finite")
-        self.R, self._Wt = R, Wt
+        self._R, self._r, self._Wt = R, 0, Wt
 
     _fit_base = _learn_batch
 
