@@ -205,3 +205,13 @@ def test_bad_settings_are_refused():
         make_learner("acil", gamma=0.0)
     with pytest.raises(ValueError, match="proj_dim"):
         make_learner("acil", proj_dim=0)
+
+
+@pytest.mark.parametrize("n, block", [(1, 3), (7, 3), (9, 3), (10, 512)])
+def test_symmetrize_in_blocks_is_the_average_with_the_transpose_to_the_bit(n, block):
+    from ciosl.learners.acil import _symmetrize_
+    R = torch.randn(n, n, dtype=torch.float64, generator=torch.Generator().manual_seed(n))
+    expected = 0.5 * (R + R.T)
+    out = _symmetrize_(R, block=block)
+    assert out is R  # in place: no second D x D tensor
+    assert torch.equal(out, expected) and torch.equal(out, out.T)

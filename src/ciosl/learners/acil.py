@@ -45,6 +45,19 @@ FOLD = 256  # learn_one's rows kept apart from R0 (at most D / 16): their cost p
 # 4 r D, stays below the D^2 of reading R0; folding them costs 2 D^2 per learn amortised
 
 
+def _symmetrize_(R: torch.Tensor, block: int = 512) -> torch.Tensor:
+    """R := (R + R^T) / 2, exactly symmetric, in place (R is a step's new tensor, not yet
+    published), a pair of blocks at a time: no second D x D temporary."""
+    n = len(R)
+    for i in range(0, n, block):
+        for j in range(i, n, block):
+            A, B = R[i:i + block, j:j + block], R[j:j + block, i:i + block]
+            avg = (A + B.T).mul_(0.5)
+            A.copy_(avg)
+            B.copy_(avg.T)
+    return R
+
+
 @register
 class ACIL(Learner):
     name = "acil"
@@ -93,8 +106,7 @@ class ACIL(Learner):
         if not self._r:
             return self._R
         U = self._U[:self._r]
-        R = torch.addmm(self._R, U.T, U, alpha=-1.0)
-        return (R + R.T).mul_(0.5)
+        return _symmetrize_(torch.addmm(self._R, U.T, U, alpha=-1.0))
 
     @property
     def W(self) -> torch.Tensor:
@@ -160,8 +172,7 @@ class ACIL(Learner):
         U[r] = u / np.sqrt(c)  # R' = R - s s^T: a row past the live ones, which no state reads
         R = self._R
         if r + 1 >= len(U):  # fold the rows into a new R0
-            R = torch.addmm(R, U.T, U, alpha=-1.0)
-            R, r = (R + R.T).mul_(0.5), -1
+            R, r = _symmetrize_(torch.addmm(R, U.T, U, alpha=-1.0)), -1
         self._R, self._r, self._Wt = R, r + 1, Wt
 
     def _learn_batch(self, Z: np.ndarray, yi: np.ndarray) -> None:
@@ -185,8 +196,7 @@ class ACIL(Learner):
             E[torch.arange(len(H)), y[i:i + BLOCK]] += 1.0
             E[:, self._k:] = 0.0
             Wt = torch.addmm(Wt, E.T, G)
-            R = torch.addmm(R, V.T, V, alpha=-1.0)
-            R = 0.5 * (R + R.T)
+            R = _symmetrize_(torch.addmm(R, V.T, V, alpha=-1.0))
         if not (bool(torch.isfinite(Wt).all()) and bool(torch.isfinite(R.diagonal()).all())):
             raise FloatingPointError(f"{self.name}: the update is not finite")
         self._R, self._r, self._Wt = R, 0, Wt
