@@ -132,6 +132,25 @@ class Kept:
 
 
 # ---------------------------------------------------------------------- exact class means
+def fill_blocks(owner, Z: torch.Tensor, y: torch.Tensor) -> None:
+    """Buffer the rows (Z, y) in order into ``owner``'s pending block (``pending_z``,
+    ``pending_y``, ``n_pending`` of ``block`` rows) and hand every full block to
+    ``owner._commit`` (then ``owner._rotate()``): the statistics of the closed forms move in
+    exact blocks of their arithmetic's size."""
+    i = 0
+    while i < len(y):
+        k = min(owner.block - owner.n_pending, len(y) - i)
+        owner.pending_z[owner.n_pending:owner.n_pending + k] = Z[i:i + k]
+        owner.pending_y[owner.n_pending:owner.n_pending + k] = y[i:i + k]
+        i += k
+        if owner.n_pending + k == owner.block:
+            owner._commit(owner.pending_z, owner.pending_y)
+            owner.n_pending = 0
+            owner._rotate()
+        else:
+            owner.n_pending += k
+
+
 def group(Z: torch.Tensor, y: torch.Tensor
           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Rows Z (b, d) as float64, the classes present u (u,), each row's position in u (b,),

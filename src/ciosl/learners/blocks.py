@@ -28,7 +28,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from ciosl.learners.anytime import GENERATIONS, group, merged
+from ciosl.learners.anytime import GENERATIONS, fill_blocks, group, merged
 from ciosl.learners.base import Learner
 from ciosl.learners.undo import Rows
 
@@ -145,19 +145,7 @@ class BlockMeans(Learner):
 
     def _append(self, Z: np.ndarray, yi: np.ndarray) -> None:
         """Buffer the samples in order; commit every full buffer."""
-        Z, y = torch.from_numpy(Z), torch.from_numpy(np.asarray(yi, dtype=np.int64))
-        i = 0
-        while i < len(y):
-            k = min(self.block - self.n_pending, len(y) - i)
-            self.pending_z[self.n_pending:self.n_pending + k] = Z[i:i + k]
-            self.pending_y[self.n_pending:self.n_pending + k] = y[i:i + k]
-            i += k
-            if self.n_pending + k == self.block:
-                self._commit(self.pending_z, self.pending_y)
-                self.n_pending = 0
-                self._rotate()
-            else:
-                self.n_pending += k
+        fill_blocks(self, torch.from_numpy(Z), torch.from_numpy(np.asarray(yi, dtype=np.int64)))
         self._changed(cov=True)
 
     _learn_batch = _append

@@ -38,7 +38,14 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from ciosl.learners.anytime import GENERATIONS, Answer, Kept, lda_rows_caught_up, pmax_for
+from ciosl.learners.anytime import (
+    GENERATIONS,
+    Answer,
+    Kept,
+    fill_blocks,
+    lda_rows_caught_up,
+    pmax_for,
+)
 from ciosl.learners.base import Learner, register
 from ciosl.learners.shrinkage import SHRINKAGE_ESTIMATORS, check_shrinkage, shrunk_terms
 from ciosl.learners.undo import Rows
@@ -256,19 +263,7 @@ class RPLDA(Learner):
 
     def _append(self, Z: np.ndarray, yi: np.ndarray) -> None:
         """Buffer the samples; commit every full buffer."""
-        Z, y = torch.from_numpy(Z), torch.from_numpy(yi)
-        i = 0
-        while i < len(y):
-            k = min(self.block - self.n_pending, len(y) - i)
-            self.pending_z[self.n_pending:self.n_pending + k] = Z[i:i + k]
-            self.pending_y[self.n_pending:self.n_pending + k] = y[i:i + k]
-            i += k
-            if self.n_pending + k == self.block:
-                self._commit(self.pending_z, self.pending_y)
-                self.n_pending = 0
-                self._rotate()
-            else:
-                self.n_pending += k
+        fill_blocks(self, torch.from_numpy(Z), torch.from_numpy(yi))
 
     def _commit(self, Z: torch.Tensor, y: torch.Tensor) -> None:
         """Fold rows Z (b, d) of classes y (b,) into the moments. Everything is computed and
