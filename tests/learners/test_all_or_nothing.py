@@ -121,3 +121,52 @@ def test_trained_learner_refuses_and_stays_unchanged(method, call, error, patter
     with pytest.raises(error, match=pattern):
         call(learner)
     assert learner.classes_ == classes and snapshot(learner) == before
+
+
+@pytest.mark.parametrize("call", ["learn_one", "learn_many"])
+def test_a_fault_at_any_line_of_a_new_class_call_leaves_the_classes_consistent(call):
+    """A fault at every line of ciosl's code inside a call that brings new classes (the class
+    list and its index are written one after the other): afterwards the index holds exactly
+    the classes, the state is as before (or, for a fault past the call's commit point, as after
+    it), and the learner learns as one that saw no fault."""
+    from ciosl.conformance import InjectedFault, _LineFaults
+    from ciosl.learners import make_learner
+    from ciosl.serial import digest
+
+    rng = np.random.default_rng(0)
+    Z, y = rng.normal(size=(30, 6)).astype(np.float32), [0, 1, 2] * 10
+
+    def fresh():
+        return make_learner("ncm").fit_base(Z[:9], y[:9])
+
+    def run(learner):
+        if call == "learn_one":
+            learner.learn_one(Z[9], 7)
+        else:
+            learner.learn_many(Z[9:12], [7, 1, 8])
+
+    def later(learner):
+        learner.learn_many(Z[12:], y[12:])
+        return digest(learner.state_dict())
+
+    counter = _LineFaults(None, InjectedFault)
+    with counter:
+        run(fresh())
+    done = fresh()
+    run(done)
+    outcomes = {digest(fresh().state_dict()): later(fresh()),
+                digest(done.state_dict()): later(done)}
+    rolled_back = 0
+    for k in range(1, counter.n + 1):
+        learner = fresh()
+        try:
+            with _LineFaults(k, InjectedFault):
+                run(learner)
+        except InjectedFault:
+            pass  # else a line that catches what it raises (the call then completes)
+        assert learner._class_index == {c: i for i, c in enumerate(learner.classes_)}, k
+        now = digest(learner.state_dict())
+        assert now in outcomes, k
+        assert later(learner) == outcomes[now], k
+        rolled_back += len(learner.classes_) == 3
+    assert counter.n > 20 and rolled_back > 20  # the calls ran through ciosl's code

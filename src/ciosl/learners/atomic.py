@@ -66,8 +66,8 @@ class AllOrNothing:
                 self.classes_, self._class_index, self.dim_ = [], {}, None
             else:
                 self._undo(record, k)
-                for lab in self.classes_[k:]:
-                    del self._class_index[lab]
+                for lab in self.classes_[k:]:  # a fault may have come before its index entry
+                    self._class_index.pop(lab, None)
                 del self.classes_[k:]
             self.n_seen_ = n_seen
             if rng is not None:

@@ -507,8 +507,8 @@ class Learner(AllOrNothing, Persistent):
             k = self._class_index.get(lab)
             if k is None:
                 k = len(self.classes_)
-                self._class_index[lab] = k
-                self.classes_.append(lab)
+                self.classes_.append(lab)  # first: a fault between the two leaves no index
+                self._class_index[lab] = k  # entry without its class (rollback drops both)
                 self._add_class()
             out[i] = k
         return out
