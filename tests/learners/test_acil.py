@@ -165,6 +165,13 @@ def test_a_learn_reads_the_base_inverse_and_writes_one_row_folding_every_few():
     assert replaced == 5
     W, R = ridge(learner, Z[:20 + 5 * fold], y[:20 + 5 * fold], 1.0)
     assert np.abs(learner._R.numpy() - R).max() / np.abs(R).max() < 1e-10  # all folded
+    states = []  # every state passed through (a reader's twin may hold any): its pending rows
+    for i in range(20 + 5 * fold, 20 + 7 * fold + 2):  # are never written later, folds and
+        states.append((learner._U, learner._r, learner._U[:learner._r].clone()))  # batches
+        learner.learn_one(Z[i], y[i])  # included
+        if i % 5 == 0:
+            learner.learn_many(Z[i:i + 2], y[i:i + 2])
+    assert all(torch.equal(U[:r], rows) for U, r, rows in states)
 
 
 def test_a_file_without_pending_rows_loads():

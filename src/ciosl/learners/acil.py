@@ -171,9 +171,10 @@ class ACIL(Learner):
         Wt = torch.addr(self._Wt, self._residual(h[None], torch.tensor([yi]))[0], u / c)
         U[r] = u / np.sqrt(c)  # R' = R - s s^T: a row past the live ones, which no state reads
         R = self._R
-        if r + 1 >= len(U):  # fold the rows into a new R0
-            R, r = _symmetrize_(torch.addmm(R, U.T, U, alpha=-1.0)), -1
-        self._R, self._r, self._Wt = R, r + 1, Wt
+        if r + 1 >= len(U):  # fold the rows into a new R0, and start a new U: the rows of a
+            R, r = _symmetrize_(torch.addmm(R, U.T, U, alpha=-1.0)), -1  # state published
+            U = torch.zeros_like(U)  # before (a reader's twin) are never written
+        self._R, self._U, self._r, self._Wt = R, U, r + 1, Wt
 
     def _learn_batch(self, Z: np.ndarray, yi: np.ndarray) -> None:
         if len(yi) == 1:
@@ -199,7 +200,8 @@ class ACIL(Learner):
             R = _symmetrize_(torch.addmm(R, V.T, V, alpha=-1.0))
         if not (bool(torch.isfinite(Wt).all()) and bool(torch.isfinite(R.diagonal()).all())):
             raise FloatingPointError(f"{self.name}: the update is not finite")
-        self._R, self._r, self._Wt = R, 0, Wt
+        U = torch.zeros_like(self._U) if self._r else self._U  # as at a fold
+        self._R, self._U, self._r, self._Wt = R, U, 0, Wt
 
     _fit_base = _learn_batch
 
