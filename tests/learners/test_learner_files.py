@@ -158,7 +158,12 @@ def test_saving_a_learner_onto_a_fifo_is_refused_and_leaves_it(tmp_path):
     assert fifo.is_fifo()
 
 
-def test_a_learner_file_never_imports_the_module_it_names(tmp_path, monkeypatch):
+def test_a_learner_file_imports_only_the_class_path_it_records_and_only_when_intact(
+        tmp_path, monkeypatch):
+    """A method name alone never imports anything; the recorded class path (``class``) is
+    imported from sys.path, and not at all from a file whose checksum fails."""
+    from ciosl.serial import CHECKSUM_KEY, with_checksum
+
     marker = tmp_path / "imported"
     (tmp_path / "rt3b_planted.py").write_text(f"open({str(marker)!r}, 'w').close()\nX = 1\n")
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -167,9 +172,13 @@ def test_a_learner_file_never_imports_the_module_it_names(tmp_path, monkeypatch)
     path = tmp_path / "m.ciosl"
     learner.save(path)
     blob = torch.load(path, weights_only=True)
-    blob["method"] = "rt3b_planted:X"
-    torch.save(blob, path)
-    with pytest.raises(ValueError, match="holds a learner of method 'rt3b_planted:X', which is "
-                                         "not registered here"):
+    assert blob["class"] == "ciosl.learners.ncm:NCM"
+    rest = {k: v for k, v in blob.items() if k not in (CHECKSUM_KEY, "class")}
+    torch.save(with_checksum({**rest, "method": "rt3b_planted:X"}), path)  # no class recorded
+    with pytest.raises(ValueError, match="method 'rt3b_planted:X' is not registered here and no "
+                                         "import path is recorded"):
+        Learner.load(path)
+    torch.save({**blob, "method": "rt3b", "class": "rt3b_planted:X"}, path)  # checksum fails
+    with pytest.raises(ValueError, match="damaged ciosl learner file"):
         Learner.load(path)
     assert not marker.exists()

@@ -21,10 +21,7 @@ the random generators, so every method rejects bad input the same way.
 from __future__ import annotations
 
 import contextlib
-import functools
 import inspect
-import threading
-import weakref
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -33,7 +30,23 @@ import torch
 
 from ciosl.checks import MAX_FEATURE, as_values, bad_feature  # noqa: F401 (MAX_FEATURE: public here too)
 from ciosl.errors import LearnerError, describe_learner, echo
+from ciosl.learners.answers import (  # noqa: F401 (re-exported)
+    PROBA_TOLERANCE,
+    checked_proba,
+    label_array,
+    plain_label,
+    proba_problem,
+)
 from ciosl.learners.atomic import AllOrNothing
+from ciosl.learners.guard import (  # noqa: F401 (re-exported)
+    GUARDED,
+    READS,
+    WRITES,
+    _no_exit,
+    lock_of,
+    single_thread,
+    user_error,
+)
 from ciosl.learners.persistence import FILE_VERSION, Persistent  # noqa: F401 (re-exported)
 
 # the registry, the settings and the checksums live in their own modules; the names other
@@ -49,8 +62,10 @@ from ciosl.learners.settings import (  # noqa: F401 (MAX_INT_DIGITS, parse_value
     FLOAT_RANGE,
     MAX_INT_DIGITS,
     SETTING_RANGES,
+    Configurable,
     Range,
     Setting,
+    as_ranges,
     check_bound,
     check_finite,
     check_range,
@@ -64,170 +79,11 @@ SMALL_BATCH = 256  # predict_proba on fewer rows runs single-threaded too
 NOVELTY_DEFAULT = "1 - max probability"
 
 
-@contextlib.contextmanager
-def single_thread():
-    """Run torch single-threaded inside the block (restored afterwards).
-
-    A one-sample step is a handful of small matrix products: torch's thread pool only adds
-    synchronization to it, and on a loaded machine the waiting threads make it many times slower
-    (a 800-sample ``learn_one`` loop of ``ciosl`` took 63 s with 2 threads vs 2.9 s with 1 on
-    this 2-core machine under load). Switching costs well under a microsecond.
-    """
-    n = torch.get_num_threads()
-    if n == 1:
-        yield
-        return
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(n)
-
-
-def plain_label(label: Any, *, where: str) -> int | str:
-    """``label`` as a plain ``int`` or ``str``, else ``TypeError`` naming it (shortened).
-    NumPy scalars give their Python value; a subclass of int or str (an ``IntEnum``,
-    ``class MyInt(int)``) gives the plain value it holds: ``int.__int__`` and ``str.__str__``
-    read the value itself, whatever the subclass's own ``__int__`` / ``__str__`` say."""
-    if isinstance(label, np.generic):
-        label = label.item()
-    if isinstance(label, bool) or not isinstance(label, int | str):
-        raise TypeError(f"{where}: labels must be integers or strings, got "
-                        f"{type(label).__name__} {echo(label)}")
-    if type(label) is int or type(label) is str:
-        return label
-    return int.__int__(label) if isinstance(label, int) else str.__str__(label)
-
-
-def label_array(labels: list) -> np.ndarray:
-    """``labels`` (plain ints, or plain strs) as an array holding exactly those values:
-    int64 when every integer fits it, else an object array of Python ints; strings as a NumPy
-    string array."""
-    try:
-        arr = np.asarray(labels)
-    except OverflowError:
-        arr = None
-    if arr is not None and arr.dtype.kind in "iU":  # NumPy's own choice holds them exactly
-        return arr
-    out = np.empty(len(labels), dtype=object)  # it would make 2**64 - 1 a float
-    out[:] = labels
-    return out
-
-
-PROBA_TOLERANCE = 1e-3  # how far a row of probabilities may sum from 1
-
-
-def proba_problem(P: Any, n: int, k: int) -> str | None:
-    """What is wrong with ``P`` as the probabilities of ``n`` samples over ``k`` classes (the
-    conformance suite's check (3)), or None."""
-    try:
-        P = np.asarray(P, dtype=np.float64)
-    except (TypeError, ValueError) as e:
-        return f"is not an array of numbers ({type(e).__name__}: {e})"
-    if P.shape != (n, k):
-        return (f"has shape {P.shape} for {n} sample(s) and {k} class(es) seen (expected "
-                f"({n}, {k}): one row per sample, one column per class in classes_)")
-    # each row's extremes (NaN propagates through both): two reductions, no (n, k) temporary
-    low, high = (P.min(axis=1), P.max(axis=1)) if k else (np.zeros(n), np.zeros(n))
-    finite = np.isfinite(low) & np.isfinite(high)
-    if not finite.all():
-        return f"holds NaN or infinite probabilities (row {int(np.argmin(finite))})"
-    outside = (low < -PROBA_TOLERANCE) | (high > 1 + PROBA_TOLERANCE)
-    if outside.any():
-        return f"holds probabilities outside [0, 1] (row {int(np.argmax(outside))})"
-    sums = P.sum(axis=1)
-    off = np.abs(sums - 1) > PROBA_TOLERANCE
-    if off.any():
-        row = int(np.argmax(off))
-        return f"has a row that sums to {sums[row]:.6g}, not 1 (row {row})"
-    return None
-
-
-def checked_proba(learner: Any, P: Any, n: int) -> np.ndarray:
-    """``P`` as float64 if it is a valid answer of ``learner`` for ``n`` samples, else
-    ``LearnerError`` naming the method and the problem."""
-    problem = proba_problem(P, n, len(learner.classes_))
-    if problem is not None:
-        raise LearnerError(f"{describe_learner(learner)}: predict_proba {problem}")
-    return np.asarray(P, dtype=np.float64)
-
-
-# the protocol's entry points: a subclass that overrides one is wrapped too (see
-# Learner.__init_subclass__), so that a learner calling sys.exit raises LearnerError instead of
-# ending the program without a result (and with status 0)
-GUARDED = ("fit_base", "learn_one", "learn_many", "predict_proba", "predict", "save",
-           "predict_proba_one", "predict_one", "novelty_score", "state_dict", "load_state_dict",
-           "memory_bytes", "score", "clone")
-
-
-_LOCKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # learner -> its RLock
-_LOCKS_LOCK = threading.Lock()
-
-
-def lock_of(learner: Any) -> threading.RLock:
-    """The lock that serialises ``learner``'s public calls (made on first use; kept outside the
-    learner, so that copies, pickles and state dicts never hold one)."""
-    lock = _LOCKS.get(learner)
-    if lock is None:
-        with _LOCKS_LOCK:
-            lock = _LOCKS.setdefault(learner, threading.RLock())
-    return lock
-
-
-# the calls that only read: with a published state (``Learner.published``) they answer from
-# it, without the lock, so a prediction never waits for a learn step
-READS = frozenset({"predict_proba", "predict", "predict_proba_one", "predict_one",
-                   "novelty_score", "score"})
-# what a published state refuses: it shares the learner's replay memory and optimizer, which
-# the learner writes
-WRITES = frozenset({"fit_base", "learn_one", "learn_many", "save", "state_dict",
-                    "load_state_dict"})
-
-
-def _no_exit(fn: Callable) -> Callable:
-    """``fn`` under the learner's lock (``lock_of``: one public call at a time, from any
-    thread), with ``SystemExit`` turned into ``LearnerError`` naming the method. A reading call
-    (``READS``) of a learner with a published state runs on that state, without the lock."""
-    if getattr(fn, "_ciosl_no_exit", False):
-        return fn
-    reads, writes = fn.__name__ in READS, fn.__name__ in WRITES
-
-    @functools.wraps(fn)
-    def guarded(self, *args, **kwargs):
-        try:
-            if writes and self.__dict__.get("_frozen"):
-                raise TypeError(f"{self.name}: {fn.__name__} on a published state (a read-only "
-                                "twin: Learner.published); call it on the learner")
-            if reads:
-                state = self.__dict__
-                asked = state.get("_asked")
-                if asked is not None:  # a prediction was asked since the last learn
-                    asked[0] = True
-                if state.get("_frozen"):  # a published state: nobody writes it
-                    return fn(self, *args, **kwargs)
-                pub = state.get("_pub")
-                if pub is not None:
-                    return fn(pub, *args, **kwargs)
-                with lock_of(self):
-                    out = fn(self, *args, **kwargs)
-                    if self.keeps_answer:  # its answer is current now: later reads need no lock
-                        self._publish(reading=True)
-                    return out
-            with lock_of(self):
-                return fn(self, *args, **kwargs)
-        except SystemExit as e:
-            raise LearnerError(f"{describe_learner(self)}: {fn.__name__} called "
-                               f"sys.exit({e.code!r}); a learner must raise an exception, "
-                               "not end the program") from None
-
-    guarded._ciosl_no_exit = True  # type: ignore[attr-defined]
-    return guarded
-
-
-class Learner(AllOrNothing, Persistent):
+class Learner(AllOrNothing, Persistent, Configurable):
     """Base class of every streaming learner. See the module docstring for the protocol. Its
     undo machinery is ``AllOrNothing`` (atomic.py), its state and files ``Persistent``
-    (persistence.py)."""
+    (persistence.py), its settings ``Configurable`` (settings.py), the guard of its public calls
+    ``guard.py``."""
 
     name: ClassVar[str] = ""
     violates_single_pass: ClassVar[bool] = False  # retrains / fine-tunes before inference
@@ -273,86 +129,13 @@ class Learner(AllOrNothing, Persistent):
         the ordering (CIOSL's replay selection)."""
         return dict(cls.paper_values)
 
-    # ------------------------------------------------------------------ settings
-    @classmethod
-    def settings(cls) -> list[Setting]:
-        """The constructor's keyword arguments with their defaults (the method's settings)."""
-        out = []
-        for p in inspect.signature(cls.__init__).parameters.values():
-            if p.kind is not p.KEYWORD_ONLY:
-                continue
-            default = p.default
-            t = type(default) if default is not None else type(None)
-            if isinstance(default, tuple | list):
-                t = tuple
-            out.append(
-                Setting(p.name, default, t, cls.help.get(p.name, ""), cls.choices.get(p.name))
-            )
-        return out
-
-    BASE_RECIPE: ClassVar[tuple[str, ...]] = ("base_epochs", "base_batch_size")
-
-    @classmethod
-    def protocol_defaults(cls, *, ordering: str, spec: Any = None) -> dict[str, Any]:
-        """Settings the benchmark protocol gives this method for a dataset and ordering
-        (``experiment.resolve_settings`` applies them over the constructor's defaults, and the
-        user's ``--set`` over them).
-
-        Here: the dataset's base-initialisation recipe, ``base_epochs`` / ``base_batch_size``
-        from its ``DatasetSpec``, for every method that has those settings, so that every
-        learner that trains its head on the base set does it the same way. A subclass that
-        adds its own defaults must merge these: ``return {**super().protocol_defaults(
-        ordering=ordering, spec=spec), ...}``."""
-        if spec is None:
-            return {}
-        names = {s.name for s in cls.settings()}
-        return {name: getattr(spec, name) for name in cls.BASE_RECIPE if name in names}
-
-    @classmethod
-    def range_of(cls, name: str) -> Range | None:
-        """The sane range of setting ``name``: its entry in ``ranges``, ``FLOAT_RANGE`` for a
-        float setting without one, else None (an integer without one still has
-        ``check_bound``'s bound; a string or a flag has none)."""
-        setting = next((s for s in cls.settings() if s.name == name), None)
-        return None if setting is None else cls._range(setting)
-
-    @classmethod
-    def _range(cls, setting: Setting) -> Range | None:
-        return cls.ranges.get(setting.name, FLOAT_RANGE if setting.type is float else None)
-
-    def get_params(self) -> dict[str, Any]:
-        return {s.name: getattr(self, s.name) for s in self.settings()}
-
-    def _check_settings(self) -> None:
-        for s in self.settings():
-            v = getattr(self, s.name)
-            check_type(s, v, f"{self.name}: ")
-            check_finite(s, v, f"{self.name}: ")
-            check_bound(s, v, f"{self.name}: ")
-            if s.choices is not None and v not in s.choices:
-                raise ValueError(
-                    f"{self.name}: {s.name}={echo(v)} is not valid; valid choices: "
-                    f"{', '.join(map(str, s.choices))}"
-                )
-        if hasattr(self, "buffer") and hasattr(self, "n_replay"):
-            if self.buffer <= 0:
-                raise ValueError(f"{self.name}: buffer must be positive, got {self.buffer}")
-            if self.buffer < self.n_replay:
-                raise ValueError(
-                    f"{self.name}: buffer ({self.buffer}) is smaller than n_replay ({self.n_replay})"
-                )
-
-    def _check_ranges(self) -> None:
-        """Every number setting within its sane range (``range_of``), checked last: after the
-        method's own checks, so that their messages stay."""
-        for s in self.settings():
-            check_range(s, getattr(self, s.name), self._range(s), f"{self.name}: ")
-
     def __init__(self, *, seed: int = 0):
         self.seed = seed
 
     def __init_subclass__(cls, **kw):
         super().__init_subclass__(**kw)
+        if "ranges" in cls.__dict__:  # a method's own ranges, over those it inherits
+            cls.ranges = as_ranges(cls.__dict__["ranges"], super(cls, cls).ranges)
         # subclass constructors only store their arguments; wrap them to validate choices and
         # reset the fitted state, so no subclass can forget it.
         init = cls.__dict__.get("__init__")
@@ -373,6 +156,11 @@ class Learner(AllOrNothing, Persistent):
                 raise LearnerError(f"{describe_learner(self)}: its constructor called "
                                    f"sys.exit({e.code!r}); a learner must raise an exception, "
                                    "not end the program") from None
+            except Exception as e:
+                error = user_error(self, e)
+                if error is None:
+                    raise
+                raise error from e
             if type(self).__init__ is wrapped:  # outermost constructor only
                 self._check_settings()
                 self._check_ranges()
@@ -659,30 +447,34 @@ class Learner(AllOrNothing, Persistent):
 
     # ------------------------------------------------------------------ to implement
     def _init_state(self, dim: int) -> None:
-        raise NotImplementedError
+        raise NotImplementedError(f"{self.name}: the method lacks _init_state(dim): build the state for features of width dim")
 
     def _add_class(self) -> None:
         """A new class arrived; its index is len(self.classes_) - 1."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{self.name}: the method lacks _add_class(): one more class "
+                                  "(index len(classes_) - 1)")
 
     def _fit_base(self, Z: np.ndarray, yi: np.ndarray) -> None:
-        raise NotImplementedError
+        """Optional: the base initialization; by default each sample in turn, as ``_learn_one``
+        (a method with an offline recipe, several epochs, overrides it)."""
+        for z, k in zip(Z, yi, strict=True):
+            self._learn_one(z, int(k))
 
     def _learn_one(self, z: np.ndarray, yi: int) -> None:
-        raise NotImplementedError
+        raise NotImplementedError(f"{self.name}: the method lacks _learn_one(z, yi): learn one sample of class index yi")
 
     def _predict_proba(self, Z: np.ndarray) -> np.ndarray:
-        raise NotImplementedError
+        raise NotImplementedError(f"{self.name}: the method lacks _predict_proba(Z): (n, classes) probabilities")
 
     def _learn_batch(self, Z: np.ndarray, yi: np.ndarray) -> None:
         """Optional: one update on a mini-batch (n, d), (n,) (see ``learn_many``)."""
         raise NotImplementedError
 
     def _state(self) -> dict[str, Any]:
-        raise NotImplementedError
+        raise NotImplementedError(f"{self.name}: the method lacks _state(): a table of copies of the state")
 
     def _load_state(self, state: dict[str, Any]) -> None:
-        raise NotImplementedError
+        raise NotImplementedError(f"{self.name}: the method lacks _load_state(state): the state back from _state's table")
 
 
 def _rebuilt(cls: type[Learner], params: dict[str, Any], state: dict[str, Any]) -> Learner:

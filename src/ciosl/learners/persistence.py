@@ -17,7 +17,7 @@ import torch
 
 from ciosl.errors import LearnerError, _describe, describe_learner, writing
 from ciosl.fileio import atomic_write_bytes
-from ciosl.learners.registry import available_methods
+from ciosl.learners.registry import available_methods, class_path, resolve_method
 from ciosl.learners.settings import plain
 from ciosl.serial import checksum_problem, serialize, with_checksum
 
@@ -114,7 +114,8 @@ class Persistent:
 
         data = serialize(with_checksum(
             {"format": FILE_FORMAT, "format_version": FILE_VERSION, "ciosl_version": __version__,
-             "method": self.name, "settings": plain(self.get_params()),
+             "method": self.name, "class": class_path(type(self)),
+             "settings": plain(self.get_params()),
              "state": self.state_dict()}), f"{describe_learner(self)}: cannot save to {path}")
         with writing(path):
             return atomic_write_bytes(path, data)
@@ -158,13 +159,13 @@ class Persistent:
         if cls is not Learner and method != cls.name:
             raise ValueError(f"{path} holds a {method!r} learner, not {cls.name!r}; load it with "
                              "ciosl.Learner.load")
-        if cls is Learner:  # a registered method only: a name in a file never imports a module
-            registered = available_methods()
-            if method not in registered:
-                raise ValueError(f"{path} holds a learner of method {method!r}, which is not "
-                                 "registered here (a learner of your own: import its module "
-                                 "first)")
-            cls = registered[method]
+        if cls is Learner:  # a registered method, else the class the file names, imported
+            spec = blob.get("class")  # from an installed module or one on sys.path
+            if method not in available_methods() and isinstance(spec, str):
+                problem = checksum_problem(blob)  # a damaged file imports nothing
+                if problem is not None:
+                    raise ValueError(f"{path}: damaged ciosl learner file: {problem}")
+            cls = resolve_method(method, spec, str(path))
         try:
             learner = cls(**blob["settings"])
             learner.load_state_dict(blob["state"])

@@ -94,6 +94,66 @@ def load_method(spec: str) -> type[Learner]:
         raise ValueError(str(e)) from None
 
 
+def class_path(cls: type) -> str | None:
+    """``package.module:Class``, the import path a learner file and a served folder record for
+    ``cls`` so that a new process finds it (``import_class``); None for a class no other process
+    can import: one defined in ``__main__`` or inside a function."""
+    module, qualname = cls.__module__, cls.__qualname__
+    if module == "__main__" or "<locals>" in qualname:
+        return None
+    return f"{module}:{qualname}"
+
+
+def import_class(spec: str, method: str, where: str, *, cwd: bool = False) -> type[Learner]:
+    """The learner class recorded as ``spec`` (``class_path``) for a method named ``method``,
+    imported with ``importlib`` from an installed module or one on ``sys.path`` (never from the
+    bytes of a file) and registered; else ``ValueError`` in one line, starting with ``where``,
+    saying what to install or import. ``cwd``: the working folder is importable too, as for
+    ``--method`` on the command line."""
+    import importlib
+    import os
+    import sys
+
+    module, _, attr = spec.partition(":")
+    if not module or not attr:
+        raise ValueError(f"{where}: method {method!r} is recorded as {echo(spec)}, not "
+                         "package.module:Class")
+    if cwd and os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        obj: Any = importlib.import_module(module)
+    except ImportError as e:
+        raise ValueError(f"{where}: method {method!r} is the class {spec}, and module {module!r} "
+                         f"cannot be imported here ({e}): install the package that provides it, "
+                         "or put its folder on PYTHONPATH") from None
+    except (Exception, SystemExit) as e:  # the user's module is broken, not ciosl
+        raise ValueError(f"{where}: method {method!r}: importing module {module!r} failed: "
+                         f"{_describe(e)}") from None
+    for part in attr.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            raise ValueError(f"{where}: method {method!r} is the class {spec}, and module "
+                             f"{module!r} has no {attr!r} (renamed? import the module that "
+                             "defines it, then load)")
+    cls = _register_external(obj, f"{where}: {spec}")
+    if cls.name != method:
+        raise ValueError(f"{where}: {spec} is now method {cls.name!r}, not {method!r}")
+    return cls
+
+
+def resolve_method(method: str, spec: str | None, where: str, *,
+                   cwd: bool = False) -> type[Learner]:
+    """The class of a recorded method: the registered one by ``method``, else the class at
+    ``spec`` (``import_class``), else ``ValueError`` saying what to import."""
+    registered = available_methods()
+    if method in registered:
+        return registered[method]
+    if isinstance(spec, str) and spec:
+        return import_class(spec, method, where, cwd=cwd)
+    raise ValueError(f"{where}: method {method!r} is not registered here and no import path is "
+                     "recorded (a learner of your own: import its module first)")
+
+
 def available_methods() -> dict[str, type[Learner]]:
     """Every registered method by name: the built-in ones, those of installed packages (entry
     point group ``ciosl.learners``) and those loaded by ``package.module:Class``."""

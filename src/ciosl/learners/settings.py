@@ -3,10 +3,11 @@ checks of their types, bounds and sane ranges (``SETTING_RANGES``)."""
 
 from __future__ import annotations
 
+import inspect
 import math
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -189,6 +190,11 @@ SETTING_RANGES: dict[str, Range] = {
     "mc_samples": Range(1, 1000),
     "train_draws": Range(1, 100),
     "pq_subvectors": Range(1, 4096),
+    # sizes that are counts of units or rows: 0 builds an empty layer (a plugin's division by
+    # zero at its first sample) or an empty batch
+    "hidden": Range(1, 1e6),
+    "batch_size": Range(1, 1e6),
+    "base_batch_size": Range(1, 1e6),
 }
 
 
@@ -213,3 +219,100 @@ def check_finite(setting: Setting, value: Any, prefix: str = "") -> None:
         raise ValueError(f"{prefix}setting {setting.name!r} expects a finite number, got "
                          f"{setting.name}={echo(value)}")
 
+
+def as_ranges(declared: dict, inherited: dict) -> dict[str, Range]:
+    """A learner's ``ranges``: the inherited ones updated by those it declares, each a
+    ``Range`` or a ``(low, high)`` pair (both ends included)."""
+    out = dict(inherited)
+    for name, r in declared.items():
+        if isinstance(r, tuple) and len(r) == 2:
+            r = Range(*r)
+        if not isinstance(r, Range):
+            raise TypeError(f"ranges[{name!r}] must be a Range or a (low, high) pair, got "
+                            f"{echo(r)}")
+        out[name] = r
+    return out
+
+
+class Configurable:
+    """The settings of ``ciosl.learners.base.Learner`` (a mixin): the constructor's keyword-only
+    arguments, their defaults from the benchmark protocol, and their checks (type, bound,
+    choices, sane range)."""
+
+    help: ClassVar[dict[str, str]] = {}
+    choices: ClassVar[dict[str, tuple]] = {}
+    ranges: ClassVar[dict[str, Range]] = {}
+
+    @classmethod
+    def settings(cls) -> list[Setting]:
+        """The constructor's keyword arguments with their defaults (the method's settings)."""
+        out = []
+        for p in inspect.signature(cls.__init__).parameters.values():
+            if p.kind is not p.KEYWORD_ONLY:
+                continue
+            default = p.default
+            t = type(default) if default is not None else type(None)
+            if isinstance(default, tuple | list):
+                t = tuple
+            out.append(
+                Setting(p.name, default, t, cls.help.get(p.name, ""), cls.choices.get(p.name))
+            )
+        return out
+
+    BASE_RECIPE: ClassVar[tuple[str, ...]] = ("base_epochs", "base_batch_size")
+
+    @classmethod
+    def protocol_defaults(cls, *, ordering: str, spec: Any = None) -> dict[str, Any]:
+        """Settings the benchmark protocol gives this method for a dataset and ordering
+        (``experiment.resolve_settings`` applies them over the constructor's defaults, and the
+        user's ``--set`` over them).
+
+        Here: the dataset's base-initialisation recipe, ``base_epochs`` / ``base_batch_size``
+        from its ``DatasetSpec``, for every method that has those settings, so that every
+        learner that trains its head on the base set does it the same way. A subclass that
+        adds its own defaults must merge these: ``return {**super().protocol_defaults(
+        ordering=ordering, spec=spec), ...}``."""
+        if spec is None:
+            return {}
+        names = {s.name for s in cls.settings()}
+        return {name: getattr(spec, name) for name in cls.BASE_RECIPE if name in names}
+
+    @classmethod
+    def range_of(cls, name: str) -> Range | None:
+        """The sane range of setting ``name``: its entry in ``ranges``, ``FLOAT_RANGE`` for a
+        float setting without one, else None (an integer without one still has
+        ``check_bound``'s bound; a string or a flag has none)."""
+        setting = next((s for s in cls.settings() if s.name == name), None)
+        return None if setting is None else cls._range(setting)
+
+    @classmethod
+    def _range(cls, setting: Setting) -> Range | None:
+        return cls.ranges.get(setting.name, FLOAT_RANGE if setting.type is float else None)
+
+    def get_params(self) -> dict[str, Any]:
+        return {s.name: getattr(self, s.name) for s in self.settings()}
+
+    def _check_settings(self) -> None:
+        for s in self.settings():
+            v = getattr(self, s.name)
+            check_type(s, v, f"{self.name}: ")
+            check_finite(s, v, f"{self.name}: ")
+            check_bound(s, v, f"{self.name}: ")
+            if s.choices is not None and v not in s.choices:
+                raise ValueError(
+                    f"{self.name}: {s.name}={echo(v)} is not valid; valid choices: "
+                    f"{', '.join(map(str, s.choices))}"
+                )
+        if hasattr(self, "buffer") and hasattr(self, "n_replay"):
+            if self.buffer <= 0:
+                raise ValueError(f"{self.name}: buffer must be positive, got {self.buffer}")
+            if self.buffer < self.n_replay:
+                raise ValueError(
+                    f"{self.name}: buffer ({self.buffer}) is smaller than n_replay ({self.n_replay})"
+                )
+
+    def _check_ranges(self) -> None:
+        """Every number setting within its sane range (``range_of``), checked last: after the
+        method's own checks, so that their messages stay."""
+        for s in self.settings():
+            check_range(s, getattr(self, s.name), self._range(s), f"{self.name}: ")

@@ -15,13 +15,13 @@ learns nothing.
 
 from __future__ import annotations
 
-import collections
 import concurrent.futures as cf
 import contextlib
-import fcntl
 import json
+import math
 import os
 import queue
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -30,23 +30,25 @@ from typing import Any
 
 import numpy as np
 
-from ciosl.errors import LearnerError, echo
+from ciosl.errors import LearnerError
 from ciosl.fileio import atomic_write_json, load_json
 from ciosl.learners.base import Learner, lock_of
 from ciosl.learners.registry import get_method
 from ciosl.learners.settings import parse_value, plain
 from ciosl.serial import digest
+from ciosl.serve import folder as folder_mod
+from ciosl.serve import ids as ids_mod
 from ciosl.serve import wal
+from ciosl.serve.folder import (  # noqa: F401 (the names this module always offered)
+    FORMAT,
+    KNOWN,
+    META,
+    POINTER,
+    VERSION,
+    ServeError,
+)
 
-FORMAT = "ciosl-serve"
-VERSION = 1
-META = "ciosl-serve.json"
-POINTER = "snapshot.json"
-KNOWN = {META, POINTER, "snapshots", "log", "token", ".lock"}
-
-
-class ServeError(ValueError):
-    """A folder or a setting the server refuses (one line)."""
+MAX_SECONDS = 30 * 86400  # a time setting above this is a mistake (and overflows a wait)
 
 
 @dataclass
@@ -54,11 +56,28 @@ class Options:
     snapshot_every: int = 100_000  # samples learned between two snapshots (0: never by count)
     snapshot_seconds: float = 300.0  # seconds between two snapshots when there is news (0: never)
     id_window: int = 1_000_000  # how many of the last idempotency ids are remembered
+    id_window_bytes: int = 64 * 2**20  # and at most this many bytes of them (the ids file)
     max_group: int = 512  # requests in one group commit at most
     snapshot_on_close: bool = True
     # the writer thread's nice value (Linux: per thread): under load the scheduler gives the
     # CPU to the threads that answer first, so learning slows down before answers do
     writer_nice: int = 10
+
+    def __post_init__(self) -> None:
+        """Each value checked, its flag named (one line): a bad one fails at start, never in
+        the writer thread later."""
+        if not (isinstance(self.snapshot_every, int) and self.snapshot_every >= 0):
+            raise ServeError(f"--snapshot-every must be >= 0, got {self.snapshot_every}")
+        t = self.snapshot_seconds
+        if not (isinstance(t, int | float) and math.isfinite(t) and 0 <= t <= MAX_SECONDS):
+            raise ServeError(f"--snapshot-seconds must be a number in 0..{MAX_SECONDS}, got {t}")
+        if not 1 <= self.id_window <= 100_000_000:
+            raise ServeError(f"--id-window must be in 1..100000000, got {self.id_window}")
+        if not 1 << 16 <= self.id_window_bytes <= ids_mod.MAX_WINDOW_BYTES:
+            raise ServeError(f"--id-window-bytes must be in {1 << 16}.."
+                             f"{ids_mod.MAX_WINDOW_BYTES}, got {self.id_window_bytes}")
+        if not 0 <= self.writer_nice <= 19:
+            raise ServeError(f"--writer-nice must be in 0..19, got {self.writer_nice}")
 
 
 @dataclass
@@ -93,27 +112,45 @@ def settings_for(method: str, overrides: dict[str, str]) -> dict[str, Any]:
 
 def _apply(learner: Learner, x: np.ndarray, y: list) -> None:
     """One request's update: ``learn_one`` for one sample, ``learn_many`` for more (replay
-    makes the same calls)."""
+    makes the same calls), always on an aligned, C-contiguous float32 array: the live path
+    and recovery feed the learner the same layout, so they give the same bits."""
+    x = np.require(x, np.float32, ["C_CONTIGUOUS", "ALIGNED"])
     if len(y) == 1:
         learner.learn_one(x[0], y[0])
     else:
         learner.learn_many(x, y)
 
 
+def bad_text(y: list, rid: str | None) -> str | None:
+    """What is not valid Unicode text among the labels and the id (a lone surrogate such as
+    ``"\\ud800"`` is valid JSON but no text: no file or answer could hold it), or None."""
+    for name, v in [*((f"y[{i}]", lab) for i, lab in enumerate(y)), ("id", rid)]:
+        if isinstance(v, str):
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError as e:
+                return (f"{name}: not valid Unicode text (a lone surrogate "
+                        f"U+{ord(v[e.start]):04X} at character {e.start})")
+    return None
+
+
 class Service:
     """One learner served from ``folder``. ``open()`` recovers it and starts the writer."""
 
     def __init__(self, folder: str | Path, method: str | None, settings: dict | None = None,
-                 *, options: Options | None = None, on_commit=None):
+                 *, options: Options | None = None, on_commit=None, warn=None):
         self.folder = Path(folder)
         self.method, self.settings = method, settings
         self.options = options or Options()
         self.on_commit = on_commit  # (fsync seconds, requests, samples) after each group
+        self.warn = warn or _stderr  # one line for the operator (a failed snapshot)
         self.learner: Learner | None = None
         self.seq = 0  # last record number applied and logged
         self.snap_seq, self.snap_time = 0, time.time()
-        self.ids: collections.OrderedDict = collections.OrderedDict()  # id -> seq
+        self.ids = ids_mod.IdWindow(self.options.id_window, self.options.id_window_bytes)
         self.broken: str | None = None
+        self._digest: tuple[int, str] | None = None  # (seq, digest) of the last state asked
+        self._digest_lock = threading.Lock()  # one digest computed at a time
         self.recovered = 0  # records replayed at open
         self.recovery_seconds = 0.0
         self._queue: queue.Queue = queue.Queue()
@@ -141,65 +178,13 @@ class Service:
         return self
 
     def _claim_folder(self) -> None:
-        f = self.folder
-        if f.exists() and not f.is_dir():
-            raise ServeError(f"--dir {f}: not a folder")
-        f.mkdir(parents=True, exist_ok=True)
-        fd = os.open(f / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+        self._lock_fd = folder_mod.claim(self.folder)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
-            raise ServeError(f"--dir {f}: in use by another ciosl serve (it holds "
-                             f"{f / '.lock'})") from None
-        self._lock_fd = fd
-        try:
-            self._check_meta()
+            self.method, self.settings = folder_mod.check_meta(self.folder, self.method,
+                                                               self.settings)
         except BaseException:
             self._release()
             raise
-
-    def _check_meta(self) -> None:
-        f = self.folder
-        meta_path = f / META
-        if not meta_path.exists():
-            others = sorted(p.name for p in f.iterdir() if p.name not in {".lock", "token"})
-            if others:
-                raise ServeError(f"--dir {f}: not a ciosl serve folder (no {META}; it holds "
-                                 f"{', '.join(others[:3])}{'...' if len(others) > 3 else ''})")
-            if self.method is None:
-                raise ServeError(f"--dir {f} is new: give --method")
-            if self.settings is None:
-                self.settings = settings_for(self.method, {})
-            self.method = get_method(self.method).name
-            (f / "snapshots").mkdir(exist_ok=True)
-            (f / "log").mkdir(exist_ok=True)
-            atomic_write_json(meta_path, {"format": FORMAT, "version": VERSION,
-                                          "method": self.method, "settings": self.settings})
-            wal.fsync_dir(f)
-            return
-        try:
-            meta = load_json(meta_path, META)
-        except ValueError as e:
-            raise ServeError(f"--dir {f}: {e}") from None
-        if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-            raise ServeError(f"{meta_path}: not a ciosl serve folder description")
-        if meta.get("version") != VERSION:
-            raise ServeError(f"{meta_path}: serve format version {meta.get('version')!r}, this "
-                             f"ciosl reads {VERSION}")
-        if self.method is not None and get_method(self.method).name != meta["method"]:
-            raise ServeError(f"--dir {f} serves method {meta['method']!r}, not "
-                             f"{get_method(self.method).name!r}; use another --dir or that method")
-        if self.settings is not None and self.settings != meta["settings"]:
-            diff = sorted(k for k in {*self.settings, *meta["settings"]}
-                          if self.settings.get(k) != meta["settings"].get(k))
-            shown = ", ".join(f"{k}={echo(meta['settings'].get(k))}" for k in diff[:3])
-            raise ServeError(f"--dir {f} serves {meta['method']} with other settings ({shown}); "
-                             "start it without --set, or use another --dir")
-        self.method, self.settings = meta["method"], meta["settings"]
-        for sub in ("snapshots", "log"):
-            if not (f / sub).is_dir():
-                raise ServeError(f"--dir {f}: {sub}/ is missing; the folder is damaged")
 
     def _release(self) -> None:
         if self._lock_fd >= 0:
@@ -216,7 +201,7 @@ class Service:
                 p = load_json(pointer, POINTER)
                 snap_seq, file, ids_file = int(p["seq"]), str(p["file"]), str(p["ids"])
                 self.learner = Learner.load(f / "snapshots" / file)
-                ids = load_json(f / "snapshots" / ids_file, "ids file")
+                ids = ids_mod.read_ids(f / "snapshots" / ids_file)
             except (ValueError, KeyError, TypeError, OSError) as e:
                 raise ServeError(f"--dir {f}: its snapshot cannot be read ({e}); the folder is "
                                  "damaged") from None
@@ -231,6 +216,10 @@ class Service:
         self.seq, self.recovered = snap_seq, 0
         try:
             for rec in wal.iter_log(f / "log", snap_seq, tail):  # one record at a time
+                bad = bad_text(rec.y, rec.id)
+                if bad is not None:
+                    raise ServeError(f"--dir {f}: record {rec.seq} of the log: {bad}; it "
+                                     "was written by an older ciosl that did not refuse it")
                 try:
                     _apply(self.learner, rec.x, rec.y)
                 except Exception as e:
@@ -244,6 +233,11 @@ class Service:
         self.snap_seq = snap_seq
         self.snap_time = pointer.stat().st_mtime if pointer.exists() else time.time()
         log = f / "log"
+        for p in log.glob(".log-*.wal.tmp"):  # a segment whose creation did not finish
+            p.unlink(missing_ok=True)
+        if tail and tail.get("empty"):  # its header cut by a full disk: made again
+            tail["path"].unlink()
+            tail.clear()
         if tail:
             self._segment = wal.Segment(tail["path"], tail["base"], create=False,
                                         good_end=tail["good_end"])
@@ -251,22 +245,33 @@ class Service:
             self._segment = wal.Segment(log / wal.segment_name(self.seq), self.seq, create=True)
 
     def _remember(self, rid: str | None, seq: int) -> None:
-        if rid is None:
-            return
-        self.ids[rid] = seq
-        while len(self.ids) > self.options.id_window:
-            self.ids.popitem(last=False)
+        self.ids.add(rid, seq)
 
     # ------------------------------------------------------------------ requests
     def submit_learn(self, x: np.ndarray, y: list, rid: str | None) -> cf.Future:
-        job = _Job("learn", x, y, rid)
+        return self._submit(_Job("learn", x, y, rid))
+
+    def submit_snapshot(self) -> cf.Future:
+        return self._submit(_Job("snapshot"))
+
+    def _submit(self, job: _Job) -> cf.Future:
+        """Queue ``job``; answered 503 at once when the writer is gone (never left waiting:
+        a writer that died answers what reaches it after, too)."""
+        if self.dead() is not None and (self._thread is None or not self._thread.is_alive()):
+            job.future.set_result(Answer(503, {"error": self.dead()}))
+            return job.future
         self._queue.put(job)
         return job.future
 
-    def submit_snapshot(self) -> cf.Future:
-        job = _Job("snapshot")
-        self._queue.put(job)
-        return job.future
+    def dead(self) -> str | None:
+        """Why learning stopped (a log that cannot be written, a writer that died), or None:
+        health answers 503 with it."""
+        if self.broken is not None:
+            return self.broken
+        for t, what in ((self._thread, "writer"), (self._syncer, "log syncer")):
+            if t is not None and not t.is_alive():
+                return f"the {what} thread stopped; restart the server to recover"
+        return None
 
     def predict_proba(self, X: np.ndarray) -> tuple[list, np.ndarray]:
         """The classes and the probabilities of ``X``, from one state of the learner: its last
@@ -282,6 +287,10 @@ class Service:
 
     def status(self) -> dict:
         learner = self.learner
+        view = learner.published()
+        if view is not None:  # no wait for a learn step
+            return {"method": self.method, "seen": int(view.n_seen_),
+                    "classes": len(view.classes_), "dim": view.dim_}
         with lock_of(learner):
             return {"method": self.method, "seen": int(learner.n_seen_),
                     "classes": len(learner.classes_), "dim": learner.dim_}
@@ -291,11 +300,19 @@ class Service:
             return list(self.learner.classes_)
 
     def state(self) -> dict:
-        """The learner's state digest with the sequence number it ends at."""
+        """The learner's state digest with the sequence number it ends at. The lock is held
+        only to take the state (its tensors, by the state rule never written again); the
+        digest is computed outside it, once per sequence number, one at a time."""
         learner = self.learner
-        with lock_of(learner):
-            return {"seq": self.seq, "seen": int(learner.n_seen_),
-                    "classes": list(learner.classes_), "digest": digest(learner.state_dict())}
+        with self._digest_lock:
+            with lock_of(learner):
+                seq, seen, classes = self.seq, int(learner.n_seen_), list(learner.classes_)
+                cached = self._digest
+                state = None if cached is not None and cached[0] == seq else \
+                    learner.state_dict()
+            if state is not None:
+                cached = self._digest = (seq, digest(state))
+        return {"seq": seq, "seen": seen, "classes": classes, "digest": cached[1]}
 
     def close(self) -> None:
         """Apply and acknowledge what is queued, take a last snapshot, release the folder."""
@@ -316,6 +333,33 @@ class Service:
             with contextlib.suppress(AttributeError, OSError):  # not Linux: as it is
                 os.setpriority(os.PRIO_PROCESS, threading.get_native_id(),
                                self.options.writer_nice)
+        self._in_hand: list[_Job] = []
+        try:
+            self._write_loop()
+        except BaseException as e:  # a bug: learning stops, loudly, and nothing waits for it
+            line = _one_line(e)
+            self.broken = (f"the writer stopped ({type(e).__name__}: {line}); restart the "
+                           "server to recover" if not line.startswith(type(e).__name__)
+                           else f"the writer stopped ({line}); restart the server to recover")
+            self.warn(f"ciosl serve: {self.broken}")
+            self._refuse_from_now_on()
+
+    def _refuse_from_now_on(self) -> None:
+        """A dead writer's last duty: every job in hand or still to come is answered 503."""
+        busy = Answer(503, {"error": self.broken})
+        for job in self._in_hand:
+            if not job.future.done():
+                job.future.set_result(busy)
+        while True:
+            job = self._queue.get()
+            if not job.future.done():
+                job.future.set_result(busy)
+            if job.kind == "stop":
+                with contextlib.suppress(Exception):
+                    self._sync_queue.join()
+                return
+
+    def _write_loop(self) -> None:
         while True:
             timeout = self.options.snapshot_seconds or None
             try:
@@ -323,7 +367,7 @@ class Service:
             except queue.Empty:
                 self._maybe_snapshot(idle=True)
                 continue
-            jobs = [first]
+            jobs = self._in_hand = [first]
             while len(jobs) < self.options.max_group:
                 try:
                     jobs.append(self._queue.get_nowait())
@@ -354,8 +398,11 @@ class Service:
                 self._snapshot_job(job)
         self._sync_queue.join()
         if self.options.snapshot_on_close and self.broken is None and self.seq > self.snap_seq:
-            with contextlib.suppress(Exception):
+            try:
                 self._snapshot()
+            except Exception as e:
+                self.warn(f"ciosl serve: the snapshot at stop failed ({_one_line(e)}); the "
+                          "log keeps every acknowledged learn: a restart recovers them")
 
     def _learn_group(self, jobs: list[_Job]) -> None:
         """Apply each request in order and hand its record to the syncer, which writes and
@@ -373,7 +420,11 @@ class Service:
                 continue
             if job.rid is not None and job.rid in self.ids:  # acknowledged, or about to be
                 acks.append((job, Answer(200, {"learned": 0, "duplicate": True,
-                                               "seq": self.ids[job.rid]})))
+                                               "seq": self.ids.seq_of(job.rid)})))
+                continue
+            bad = bad_text(job.y, job.rid)
+            if bad is not None:  # before the learner or the log see it
+                job.future.set_result(Answer(400, {"error": bad}))
                 continue
             try:
                 _apply(learner, job.x, job.y)
@@ -445,8 +496,12 @@ class Service:
         due = (o.snapshot_every and self._since_snapshot >= o.snapshot_every) or (
             o.snapshot_seconds and time.time() - self.snap_time >= o.snapshot_seconds)
         if due:
-            with contextlib.suppress(Exception):  # the next one tries again; the log holds all
+            try:
                 self._snapshot()
+            except Exception as e:  # the next one tries again; the log holds all
+                self.snap_time = time.time()  # not at once: one line per interval at most
+                self.warn(f"ciosl serve: a snapshot failed ({_one_line(e)}); the log keeps "
+                          "every acknowledged learn")
 
     def _snapshot(self) -> dict:
         """Write the learner and its ids at ``self.seq``, make it current, drop what it
@@ -462,7 +517,7 @@ class Service:
         snaps = f / "snapshots"
         name, ids_name = f"learner-{s:012d}.ciosl", f"ids-{s:012d}.json"
         self.learner.save(snaps / name)
-        atomic_write_json(snaps / ids_name, [[q, rid] for rid, q in self.ids.items()])
+        self.ids.write(snaps / ids_name)
         wal.fsync_dir(snaps)
         atomic_write_json(f / POINTER, {"seq": s, "file": name, "ids": ids_name,
                                         "seen": int(self.learner.n_seen_), "time": time.time()})
@@ -476,6 +531,10 @@ class Service:
         self.snap_seq, self.snap_time, self._since_snapshot = s, time.time(), 0
         return {"seq": s, "seen": int(self.learner.n_seen_),
                 "seconds": round(time.perf_counter() - t0, 6)}
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def _one_line(e: BaseException) -> str:
@@ -495,5 +554,5 @@ def log_ids(folder: str | Path) -> list[tuple[int, str | None]]:
     if pointer.exists():
         p = json.loads(pointer.read_text())
         snap_seq = p["seq"]
-        out = [(int(q), rid) for q, rid in json.loads((folder / "snapshots" / p["ids"]).read_text())]
+        out = ids_mod.read_ids(folder / "snapshots" / p["ids"])
     return out + [(r.seq, r.id) for r in wal.iter_log(folder / "log", snap_seq, {})]
