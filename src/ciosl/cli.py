@@ -234,6 +234,22 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-batch", type=int, default=4096, help="samples per request at most")
     serve.add_argument("--max-body", type=int, default=64 << 20, help="bytes per request body "
                        "at most")
+    serve.add_argument("--max-json-body", type=int, default=16 << 20, metavar="B",
+                       help="bytes per JSON body at most (a parsed number costs ~30 times its "
+                       "text; send wide batches as application/x-npy)")
+    serve.add_argument("--max-pixels", type=int, default=64 << 20, metavar="P",
+                       help="decoded pixels of all the images of one request at most")
+    serve.add_argument("--max-connections", type=int, default=1000, metavar="N",
+                       help="connections open at once at most; one more is answered 503")
+    serve.add_argument("--header-timeout", type=float, default=30.0, metavar="S",
+                       help="seconds a connection may be idle or take to send a request's "
+                       "head before it is closed")
+    serve.add_argument("--body-timeout", type=float, default=30.0, metavar="S",
+                       help="seconds a request body may take to arrive (then 408)")
+    serve.add_argument("--id-window", type=int, default=1_000_000, metavar="N",
+                       help="idempotency ids remembered (the last N)")
+    serve.add_argument("--id-window-bytes", type=int, default=64 << 20, metavar="B",
+                       help="and at most B bytes of them (the snapshot's ids file)")
     serve.add_argument("--threads", type=int, default=1, help="torch threads")
     serve.add_argument("--writer-nice", type=int, default=10, metavar="N",
                        help="nice value of the thread that applies learns (0..19; Linux): "
@@ -319,7 +335,12 @@ def main(argv: list[str] | None = None) -> int:
                                  extractor=args.extractor, snapshot_every=args.snapshot_every,
                                  snapshot_seconds=args.snapshot_seconds,
                                  max_batch=args.max_batch, max_body=args.max_body,
-                                 writer_nice=args.writer_nice)
+                                 writer_nice=args.writer_nice, max_json_body=args.max_json_body,
+                                 max_pixels=args.max_pixels, body_timeout=args.body_timeout,
+                                 header_timeout=args.header_timeout,
+                                 max_connections=args.max_connections,
+                                 id_window=args.id_window,
+                                 id_window_bytes=args.id_window_bytes)
         elif args.command == "run":
             from ciosl.evaluation.experiment import (
                 ExperimentSpec,

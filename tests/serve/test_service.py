@@ -220,3 +220,98 @@ def test_bad_serve_flags_are_refused_in_one_line(tmp_path, flag, value, words):
     with pytest.raises(sv.ServeError) as e:
         serve_command(str(tmp_path / "dir"), "ncm", {}, **flags)
     assert str(e.value) == words and not (tmp_path / "dir").exists()
+
+
+def test_a_lone_surrogate_never_reaches_the_learner_or_the_log(tmp_path):
+    """Red-team 6, finding 1: ``"\\ud800"`` is valid JSON but no text; learned, it broke every
+    later answer, also after a restart. Refused in one line, naming the label."""
+    s = _open(tmp_path, "ncm")
+    x = np.ones((2, 5), np.float32)
+    answer = _learn(s, x, ["ok", "a\ud800"], "r1")
+    assert answer.status == 400
+    assert answer.body["error"] == ("y[1]: not valid Unicode text (a lone surrogate U+D800 at "
+                                    "character 1)")
+    assert _learn(s, x[:1], ["ok"], "id\udfff").body["error"].startswith("id: not valid")
+    assert s.status()["seen"] == 0 and s.seq == 0
+    assert _learn(s, x, ["ok", "fine"], "r1").status == 200  # the refused id is not kept
+    s.state()  # answers
+    s.close()
+    assert [q for q, _ in sv.log_ids(tmp_path)] == [1]
+
+
+def test_a_dead_writer_fails_health_and_learns_at_once(tmp_path, monkeypatch):
+    """Red-team 6, finding 13: the writer died (OverflowError) and every learn hung while health
+    said ok. Now its death is said once, and every learn, queued or later, is answered 503."""
+    warned: list[str] = []
+    s = sv.Service(tmp_path, "ncm", None, warn=warned.append,
+                   options=sv.Options(snapshot_on_close=False, snapshot_seconds=0)).open()
+    x, y, _ = _batches(1)[0]
+    assert _learn(s, x, y, "a").status == 200 and s.dead() is None
+
+    def boom(jobs):
+        raise OverflowError("timeout value is too large")
+
+    monkeypatch.setattr(s, "_learn_group", boom)
+    answer = _learn(s, x, y, "b")  # a result, not a hang (the timeout is a guard only)
+    assert answer.status == 503 and "OverflowError: timeout value is too large" in \
+        answer.body["error"]
+    assert s.dead() == answer.body["error"] and len(warned) == 1
+    assert _learn(s, x, y, "c").status == 503
+    assert s.submit_snapshot().result(timeout=60).status == 503
+    s.close()
+    assert [q for q, _ in sv.log_ids(tmp_path)] == [1]
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("nan"), -1.0, 1e12])
+def test_snapshot_seconds_must_be_finite(value):
+    with pytest.raises(sv.ServeError, match=r"--snapshot-seconds must be a number in 0\.\.\d+"):
+        sv.Options(snapshot_seconds=value)
+
+
+def test_the_state_digest_is_computed_once_per_seq_outside_the_writers_lock(tmp_path,
+                                                                          monkeypatch):
+    """Red-team 6, finding 7: ``GET /v1/state`` in a loop computed the digest under the writer's
+    lock each time (learning fell from 782 to 26 learns/s). Counted, not timed."""
+    from ciosl.learners.base import lock_of
+
+    s = _open(tmp_path, "ncm")
+    calls: list[bool] = []
+
+    def counting(state):
+        calls.append(lock_of(s.learner)._is_owned())  # held by this thread?
+        return digest(state)
+
+    monkeypatch.setattr(sv, "digest", counting)
+    x, y, _ = _batches(1)[0]
+    _learn(s, x, y, "a")
+    first = [s.state() for _ in range(20)]
+    assert len(calls) == 1 and calls == [False] and all(f == first[0] for f in first)
+    _learn(s, x, y, "b")
+    second = s.state()
+    assert len(calls) == 2 and second["seq"] == 2 and second["digest"] != first[0]["digest"]
+    ref = make_learner("ncm")
+    sv._apply(ref, x, y)
+    sv._apply(ref, x, y)
+    assert second["digest"] == digest(ref.state_dict())
+    s.close()
+
+
+@pytest.mark.parametrize("case", ["unrelated", "empty name", "dangling link"])
+def test_a_folder_refused_is_left_untouched(tmp_path, monkeypatch, case):
+    """Red-team 6, finding 18 (and "File exists" for a dangling link): refused before any
+    ``.lock`` is written."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "notes.txt").write_text("mine")
+    if case == "unrelated":
+        folder, words = tmp_path, "not a ciosl serve folder"
+    elif case == "empty name":
+        folder, words = "", r"--dir '': give a folder"
+    else:
+        folder = tmp_path / "link"
+        folder.symlink_to(tmp_path / "nowhere")
+        words = "a dangling symbolic link"
+    with pytest.raises(sv.ServeError, match=words) as e:
+        _open(folder, "ncm")
+    assert "\n" not in str(e.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["notes.txt"] + (["link"] if case == "dangling link" else []))

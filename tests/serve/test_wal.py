@@ -53,13 +53,58 @@ def test_a_torn_last_record_is_dropped(tmp_path, cut):
     assert [r.seq for r in out] == [1, 2, 3] and out[-1].id == "again"
 
 
-def test_a_flipped_byte_in_the_last_record_is_a_torn_write(tmp_path):
-    path = _segment(tmp_path, 0, _records(1, 3))
+def test_a_flipped_bit_in_the_last_complete_record_is_damage(tmp_path):
+    """Red-team 6, finding 9: only a record cut short may be dropped; a complete last record
+    whose checksum fails is refused, naming the segment and the byte."""
+    recs = _records(1, 3)
+    path = _segment(tmp_path, 0, recs)
     data = bytearray(path.read_bytes())
-    data[-2] ^= 0xFF
+    data[-2] ^= 0x01  # one bit, inside the last record's features
     path.write_bytes(bytes(data))
-    out, _ = wal.read_log(tmp_path, 0)
-    assert [r.seq for r in out] == [1, 2]
+    start = len(data) - len(wal.encode(*recs[2][:3], recs[2][3]))
+    with pytest.raises(wal.LogDamaged, match=rf"{path.name}: damaged record at byte {start} "
+                       r"\(checksum mismatch\), complete"):
+        wal.read_log(tmp_path, 0)
+
+
+def test_zeros_to_the_end_are_blocks_never_written(tmp_path):
+    """A power cut can leave the file longer than what was written (zeros): a torn write."""
+    path = _segment(tmp_path, 0, _records(1, 2))
+    size = path.stat().st_size
+    path.write_bytes(path.read_bytes() + bytes(100))
+    out, (_, _, good_end) = wal.read_log(tmp_path, 0)
+    assert [r.seq for r in out] == [1, 2] and good_end == size
+    path.write_bytes(path.read_bytes()[:size] + b"junk" + bytes(96))  # not zeros: damage
+    with pytest.raises(wal.LogDamaged, match="bad header"):
+        wal.read_log(tmp_path, 0)
+
+
+def test_records_are_read_back_aligned(tmp_path):
+    """Red-team 6, finding 8: a record's features are a fresh aligned C array (a view at the
+    record's byte offset is misaligned, and some learners' arithmetic then differs)."""
+    _segment(tmp_path, 0, [(k, np.ones((2, 3), np.float32), ["a", "b"], "i" * k)
+                           for k in range(1, 5)])  # one of 4 id lengths misaligns the view
+    for rec in wal.read_log(tmp_path, 0)[0]:
+        assert rec.x.flags.aligned and rec.x.flags.c_contiguous
+        assert rec.x.dtype == np.float32 and rec.x.ctypes.data % 4 == 0
+
+
+def test_a_segment_is_never_left_without_its_header(tmp_path, monkeypatch):
+    """Red-team 6, finding 2: a full disk while a segment is created leaves no segment (its
+    temporary is removed), and an older writer's headerless newest segment is read as empty."""
+    def full(fd, data):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(wal.os, "write", full)
+    with pytest.raises(OSError):
+        wal.Segment(tmp_path / wal.segment_name(0), 0, create=True)
+    monkeypatch.undo()
+    assert list(tmp_path.iterdir()) == []
+    _segment(tmp_path, 0, _records(1, 2))
+    (tmp_path / wal.segment_name(2)).write_bytes(wal.FILE_MAGIC[:4])  # cut by a full disk
+    tail: dict = {}
+    assert [r.seq for r in wal.iter_log(tmp_path, 0, tail)] == [1, 2]
+    assert tail["empty"] and tail["base"] == 2
 
 
 def test_damage_before_the_last_record_is_refused(tmp_path):

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
+import ctypes
 import hmac
-import io
 import json
+import threading
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -31,32 +32,26 @@ from prometheus_client import (
 )
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
-from starlette.requests import Request
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from ciosl.checks import bad_feature
+from ciosl.serve.inputs import (  # noqa: F401 (Limits, Refused: this module's names too)
+    ACCEPTED,
+    JSON_TYPES,
+    NPY,
+    RAW,
+    Limits,
+    Refused,
+    binary,
+    header_text,
+    labels,
+    matrix,
+    parse_json,
+    rid,
+)
 from ciosl.serve.service import Service
-
-JSON_TYPES = ("application/json", "")
-NPY = "application/x-npy"
-RAW = "application/octet-stream"
-ACCEPTED = "application/json, application/x-npy, application/octet-stream"
-
-
-@dataclass(frozen=True)
-class Limits:
-    max_body: int = 64 << 20  # bytes of one request body
-    max_rows: int = 4096  # samples in one request
-    max_width: int = 1 << 16  # features per sample
-    max_label_chars: int = 256
-    max_id_chars: int = 200
-
-
-class Refused(Exception):
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status = status
 
 
 class Metrics:
@@ -92,65 +87,6 @@ class Metrics:
         self.learned.inc(samples)
 
 
-def _reject_constant(name: str):
-    raise ValueError(f"{name} is not a finite number")
-
-
-def _matrix(value: Any, field: str, limits: Limits) -> np.ndarray:
-    """A JSON list of rows as a finite (n, d) float32 array, or ``Refused`` naming ``field``."""
-    if not isinstance(value, list) or not value:
-        raise Refused(400, f"{field}: expected a non-empty list of rows of numbers")
-    if len(value) > limits.max_rows:
-        raise Refused(413, f"{field}: {len(value)} rows, at most {limits.max_rows} per request")
-    try:
-        arr = np.asarray(value)
-    except ValueError:
-        arr = None
-    if arr is None or arr.ndim != 2 or arr.dtype.kind not in "iuf":
-        raise Refused(400, f"{field}: expected rows of equal length holding numbers only")
-    return _checked(arr, field, limits)
-
-
-def _checked(arr: np.ndarray, field: str, limits: Limits) -> np.ndarray:
-    if arr.ndim != 2 or arr.shape[0] == 0 or arr.shape[1] == 0:
-        raise Refused(400, f"{field}: expected a non-empty 2-d array, got shape {arr.shape}")
-    if arr.shape[0] > limits.max_rows:
-        raise Refused(413, f"{field}: {arr.shape[0]} rows, at most {limits.max_rows} per request")
-    if arr.shape[1] > limits.max_width:
-        raise Refused(413, f"{field}: width {arr.shape[1]}, at most {limits.max_width}")
-    if arr.dtype.kind not in "iuf":
-        raise Refused(400, f"{field}: expected real numbers, got dtype {arr.dtype}")
-    found = bad_feature(arr)
-    if found is not None:
-        raise Refused(400, f"{field}: row {found[0]} {found[1]}")
-    return np.ascontiguousarray(arr, dtype=np.float32)
-
-
-def _labels(value: Any, n: int, limits: Limits, field: str = "y") -> list:
-    if not isinstance(value, list):
-        raise Refused(400, f"{field}: expected a list of labels (integers or strings)")
-    if len(value) != n:
-        raise Refused(400, f"{field}: {len(value)} labels for {n} rows of x")
-    for i, lab in enumerate(value):
-        if isinstance(lab, bool) or not isinstance(lab, int | str):
-            raise Refused(400, f"{field}[{i}]: labels are integers or strings, got "
-                          f"{type(lab).__name__}")
-        if isinstance(lab, str) and len(lab) > limits.max_label_chars:
-            raise Refused(400, f"{field}[{i}]: a label of {len(lab)} characters, at most "
-                          f"{limits.max_label_chars}")
-        if isinstance(lab, int) and not -(2**63) <= lab < 2**63:
-            raise Refused(400, f"{field}[{i}]: integer labels must fit 64 bits")
-    return value
-
-
-def _rid(value: Any, limits: Limits) -> str | None:
-    if value is None:
-        return None
-    if not isinstance(value, str) or not value or len(value) > limits.max_id_chars:
-        raise Refused(400, f"id: expected a string of 1 to {limits.max_id_chars} characters")
-    return value
-
-
 class Api:
     """The endpoints, bound to one ``Service``, token, limits and (optionally) an image
     extractor."""
@@ -158,6 +94,8 @@ class Api:
     def __init__(self, service: Service, token: str, limits: Limits, embedder=None):
         self.service, self.token, self.limits, self.embedder = service, token, limits, embedder
         self.metrics = Metrics(service)
+        self.inflight = 0  # bytes of request bodies held now (the event loop's thread only)
+        self._big_json = threading.Lock()
         service.on_commit = self.metrics.on_commit
 
     # ------------------------------------------------------------------ plumbing
@@ -167,46 +105,71 @@ class Api:
         return scheme.lower() == "bearer" and hmac.compare_digest(
             value.strip().encode(), self.token.encode())
 
-    async def _body(self, request: Request) -> bytes:
+    async def _body(self, request: Request, hold: list[int]) -> bytes:
+        """The body, within ``max_body`` bytes (``max_json_body`` for JSON), ``body_seconds``
+        and the bytes all requests may hold at once (``hold[0]``: what this one holds, given
+        back by ``_handle``)."""
+        lim = self.limits
+        json_body = _ctype(request) in JSON_TYPES
+        cap, what = (lim.max_json_body, "a JSON body") if json_body else (lim.max_body, "body")
         length = request.headers.get("content-length")
-        if length is not None and (not length.isdigit() or int(length) > self.limits.max_body):
-            raise Refused(413, f"body: {length} bytes, at most {self.limits.max_body}")
-        chunks, total = [], 0
-        async for chunk in request.stream():
-            total += len(chunk)
-            if total > self.limits.max_body:
-                raise Refused(413, f"body: more than {self.limits.max_body} bytes")
-            chunks.append(chunk)
-        return b"".join(chunks)
+        if length is not None and (not (length.isascii() and length.isdigit())
+                                   or int(length) > cap):
+            raise Refused(413, f"{what}: {length[:40]} bytes, at most {cap}" + (
+                " (send features as application/x-npy)" if json_body else ""), close=True)
+
+        def reserve(n: int) -> None:
+            if self.inflight + n > lim.max_inflight:
+                raise Refused(503, f"server busy: {self.inflight} bytes of request bodies "
+                              f"held, at most {lim.max_inflight}; retry", close=True)
+            self.inflight += n
+            hold[0] += n
+
+        if length is not None:
+            reserve(int(length))
+
+        async def read() -> bytes:
+            chunks, total = [], 0
+            async for chunk in request.stream():
+                total += len(chunk)
+                if total > cap:
+                    raise Refused(413, f"{what}: more than {cap} bytes", close=True)
+                if length is None:
+                    reserve(len(chunk))
+                chunks.append(chunk)
+            return b"".join(chunks)
+
+        try:
+            return await asyncio.wait_for(read(), lim.body_seconds)
+        except TimeoutError:
+            raise Refused(408, f"body: not complete within {lim.body_seconds:g} s (--body-"
+                          f"timeout); Content-Length {length}", close=True) from None
 
     def _parse(self, body: bytes, ctype: str, headers, *, learn: bool) -> tuple:
         """(x, y, id) of a request body; ``Refused`` naming the field."""
         ctype = ctype.split(";")[0].strip().lower()
         allowed = {"x", "images"} | ({"y", "id"} if learn else set())
         if ctype in JSON_TYPES:
-            try:
-                doc = json.loads(body, parse_constant=_reject_constant)
-            except (ValueError, RecursionError) as e:
-                raise Refused(400, f"body: not valid JSON ({str(e).splitlines()[0]})") from None
-            if not isinstance(doc, dict):
-                raise Refused(400, "body: expected a JSON object")
-            unknown = sorted(set(doc) - allowed)
-            if unknown:
-                raise Refused(400, f"unknown field(s) {', '.join(map(repr, unknown))}; "
-                              f"allowed: {', '.join(sorted(allowed))}")
-            if ("x" in doc) == ("images" in doc):
-                raise Refused(400, "give exactly one of x and images")
-            if "images" in doc:
-                x = self._images(doc["images"])
-            else:
-                x = _matrix(doc["x"], "x", self.limits)
-            y = _labels(doc.get("y"), len(x), self.limits) if learn else None
-            return x, y, _rid(doc.get("id"), self.limits) if learn else None
+            big = len(body) > 1 << 20
+            with self._big_json if big else contextlib.nullcontext():
+                try:  # one large JSON body parsed at a time, its memory given back after
+                    doc = parse_json(body, allowed)
+                    del body
+                    if "images" in doc:
+                        x = self._images(doc["images"])
+                    else:
+                        x = matrix(doc["x"], "x", self.limits)
+                    y = labels(doc.get("y"), len(x), self.limits) if learn else None
+                    return x, y, rid(doc.get("id"), self.limits) if learn else None
+                finally:
+                    doc = None
+                    if big:
+                        _trim()
         if ctype in (NPY, RAW):
-            x = self._binary(body, ctype, headers)
+            x = binary(body, ctype, headers, self.limits)
             if not learn:
                 return x, None, None
-            raw = headers.get("x-ciosl-labels")
+            raw = header_text(headers, "x-ciosl-labels", "X-Ciosl-Labels")
             if raw is None:
                 raise Refused(400, "X-Ciosl-Labels: a binary learn needs its labels as a JSON "
                               "array in this header")
@@ -214,28 +177,9 @@ class Api:
                 y = json.loads(raw)
             except ValueError:
                 raise Refused(400, "X-Ciosl-Labels: not a JSON array") from None
-            return x, _labels(y, len(x), self.limits, "X-Ciosl-Labels"), _rid(
-                headers.get("x-ciosl-id"), self.limits)
-        raise Refused(415, f"content type {ctype!r} is not accepted; accepted: {ACCEPTED}")
-
-    def _binary(self, body: bytes, ctype: str, headers) -> np.ndarray:
-        if ctype == NPY:
-            try:
-                arr = np.load(io.BytesIO(body), allow_pickle=False)
-            except Exception as e:
-                raise Refused(400, f"body: not a .npy array ({type(e).__name__})") from None
-            if not isinstance(arr, np.ndarray):
-                raise Refused(400, "body: not a .npy array")
-            return _checked(arr, "x", self.limits)
-        shape = headers.get("x-ciosl-shape", "")
-        parts = shape.split(",")
-        if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
-            raise Refused(400, f"X-Ciosl-Shape: expected 'n,d', got {shape[:40]!r}")
-        n, d = (int(p) for p in parts)
-        if n * d * 4 != len(body):
-            raise Refused(400, f"body: {len(body)} bytes, X-Ciosl-Shape {n},{d} needs "
-                          f"{n * d * 4} (float32)")
-        return _checked(np.frombuffer(body, dtype="<f4").reshape(n, d), "x", self.limits)
+            return x, labels(y, len(x), self.limits, "X-Ciosl-Labels"), rid(
+                header_text(headers, "x-ciosl-id", "X-Ciosl-Id"), self.limits, "X-Ciosl-Id")
+        raise Refused(415, f"content type {ctype[:60]!r} is not accepted; accepted: {ACCEPTED}")
 
     def _images(self, value: Any) -> np.ndarray:
         if self.embedder is None:
@@ -254,31 +198,40 @@ class Api:
             except ValueError:
                 raise Refused(400, f"images[{i}]: not valid base64") from None
         try:
-            return self.embedder(blobs)
+            return self.embedder(blobs, max_pixels=self.limits.max_pixels)
         except ValueError as e:
-            raise Refused(400, str(e)) from None
+            raise Refused(413 if "pixels" in str(e) else 400, str(e)) from None
 
     async def _handle(self, name: str, request: Request, work, *, auth: bool = True):
         t0 = time.perf_counter()
+        hold = [0]
+        close = False
         try:
             if auth and not self._authorised(request):
                 status, body = 401, {"error": "missing or wrong token: send "
                                      "'Authorization: Bearer TOKEN'"}
             else:
-                status, body = await work(request)
+                status, body = await work(request, hold)
         except Refused as e:
-            status, body = e.status, {"error": str(e)}
+            status, body, close = e.status, {"error": str(e)}, e.close
+        except ClientDisconnect:  # the client left mid-body: nobody to answer, nothing to say
+            self.metrics.requests.labels(name, "disconnected").inc()
+            return Response(status_code=400)
+        finally:
+            self.inflight -= hold[0]
         self.metrics.requests.labels(name, str(status)).inc()
         self.metrics.latency.labels(name).observe(time.perf_counter() - t0)
         if isinstance(body, Response):
             return body
-        headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+        headers = {"WWW-Authenticate": "Bearer"} if status == 401 else {}
+        if close:  # a body left unread cannot be followed by another request
+            headers["Connection"] = "close"
         return JSONResponse(body, status_code=status, headers=headers)
 
     # ------------------------------------------------------------------ endpoints
     async def learn(self, request: Request):
-        async def work(request):
-            body = await self._body(request)
+        async def work(request, hold):
+            body = await self._body(request, hold)
             x, y, rid = await run_in_threadpool(self._parse, body,
                                                 request.headers.get("content-type", ""),
                                                 request.headers, learn=True)
@@ -290,8 +243,8 @@ class Api:
         return await self._handle("learn", request, work)
 
     async def predict(self, request: Request):
-        async def work(request):
-            body = await self._body(request)
+        async def work(request, hold):
+            body = await self._body(request, hold)
             x, _, _ = await run_in_threadpool(self._parse, body,
                                               request.headers.get("content-type", ""),
                                               request.headers, learn=False)
@@ -306,31 +259,46 @@ class Api:
         return await self._handle("predict", request, work)
 
     async def classes(self, request: Request):
-        async def work(request):
+        async def work(request, hold):
             return 200, {"classes": (await run_in_threadpool(self.service.state_classes))}
         return await self._handle("classes", request, work)
 
     async def state(self, request: Request):
-        async def work(request):
+        async def work(request, hold):
             return 200, await run_in_threadpool(self.service.state)
         return await self._handle("state", request, work)
 
     async def snapshot(self, request: Request):
-        async def work(request):
+        async def work(request, hold):
             answer = await asyncio.wrap_future(self.service.submit_snapshot())
             return answer.status, answer.body
         return await self._handle("snapshot", request, work)
 
     async def health(self, request: Request):
-        async def work(request):
+        async def work(request, hold):
+            dead = self.service.dead()
+            if dead is not None:  # learning stopped: not healthy, whatever else answers
+                return 503, {"status": "broken", "error": dead, **self.service.status()}
             return 200, {"status": "ok", **self.service.status()}
         return await self._handle("health", request, work, auth=False)
 
     async def metrics_endpoint(self, request: Request):
-        async def work(request):
+        async def work(request, hold):
             return 200, Response(generate_latest(self.metrics.registry),
                                  media_type=CONTENT_TYPE_LATEST)
         return await self._handle("metrics", request, work)
+
+
+def _ctype(request: Request) -> str:
+    return request.headers.get("content-type", "").split(";")[0].strip().lower()
+
+
+def _trim() -> None:
+    """Give freed memory back to the system (glibc keeps what a large parse freed)."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def build_app(service: Service, token: str, limits: Limits | None = None,
@@ -345,6 +313,16 @@ def build_app(service: Service, token: str, limits: Limits | None = None,
         Route("/v1/health", api.health, methods=["GET"]),
         Route("/metrics", api.metrics_endpoint, methods=["GET"]),
     ]
-    app = Starlette(routes=routes)
+    paths = ", ".join(f"{'/'.join(sorted(r.methods - {'HEAD'}))} {r.path}" for r in routes)
+
+    async def no_route(request: Request, exc: HTTPException):
+        # one JSON line, and never a redirect: a slash added would send the client to the
+        # Host header it gave (reflected), so a path is either served or refused
+        what = "no endpoint" if exc.status_code == 404 else "method not allowed:"
+        return JSONResponse({"error": f"{what} {request.method} {request.url.path[:80]}; "
+                             f"endpoints: {paths}"}, status_code=exc.status_code)
+
+    app = Starlette(routes=routes, exception_handlers={404: no_route, 405: no_route})
+    app.router.redirect_slashes = False
     app.state.api = api
     return app

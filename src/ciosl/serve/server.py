@@ -3,6 +3,7 @@ SIGTERM; on a clean stop the queued learns are applied and a last snapshot is ta
 
 from __future__ import annotations
 
+import math
 import os
 import secrets
 import signal
@@ -10,8 +11,9 @@ import socket
 import sys
 from pathlib import Path
 
-from ciosl.fileio import read_text
+from ciosl.fileio import dangling_text, read_text
 from ciosl.serve.app import Limits, build_app
+from ciosl.serve.guard import Guard, open_files_limit
 from ciosl.serve.service import Options, ServeError, Service, settings_for
 
 MIN_TOKEN = 16
@@ -29,23 +31,45 @@ def resolve_token(token_file: str | None, folder: Path) -> tuple[str, str]:
     """The token and where it came from: ``--token-file``, ``$CIOSL_TOKEN``, else ``DIR/token``
     (made with a random token, mode 0600, when absent)."""
     if token_file is not None:
-        token = read_text(Path(token_file).expanduser(), "--token-file", limit=4096).strip()
+        path = Path(token_file).expanduser()
+        if os.path.islink(path) and not path.exists():
+            raise ServeError(f"--token-file {dangling_text(path)}")
+        _private(path, f"--token-file {token_file}")
+        token = read_text(path, "--token-file", limit=4096).strip()
         where = f"--token-file {token_file}"
     elif os.environ.get("CIOSL_TOKEN"):
         token, where = os.environ["CIOSL_TOKEN"].strip(), "$CIOSL_TOKEN"
     else:
         path = folder / "token"
+        if os.path.islink(path) and not path.exists():
+            raise ServeError(dangling_text(path) + "; remove it, or give --token-file")
         if not path.exists():
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "w") as f:
                 f.write(secrets.token_urlsafe(32) + "\n")
-        elif path.stat().st_mode & 0o077:
-            raise ServeError(f"{path}: readable by others (mode "
-                             f"{oct(path.stat().st_mode & 0o777)}); chmod 600 it")
+        else:
+            _private(path, str(path))
         token, where = read_text(path, "token file", limit=4096).strip(), str(path)
     if len(token) < MIN_TOKEN or any(c.isspace() for c in token):
         raise ServeError(f"{where}: a token needs at least {MIN_TOKEN} characters and no spaces")
     return token, where
+
+
+def _private(path: Path, where: str) -> None:
+    """A token file that others can read or write is refused (the same rule for
+    ``--token-file`` as for ``DIR/token``)."""
+    try:
+        mode = path.stat().st_mode
+    except OSError as e:
+        raise ServeError(f"{where}: cannot read it ({e.strerror or e})") from None
+    if mode & 0o077:
+        raise ServeError(f"{where}: readable or writable by others (mode "
+                         f"{oct(mode & 0o777)}); chmod 600 it")
+
+
+def url_of(host: str, port: int) -> str:
+    """``http://HOST:PORT``, an IPv6 address in brackets (``http://[::1]:8000``)."""
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -71,7 +95,8 @@ def bind(host: str, port: int) -> socket.socket:
 def serve(folder: str, method: str | None, overrides: dict[str, str], *,
           host: str = "127.0.0.1", port: int = 8000, token_file: str | None = None,
           extractor: str | None = None, options: Options | None = None,
-          limits: Limits | None = None) -> int:
+          limits: Limits | None = None, max_connections: int = 1000,
+          header_timeout: float = 30.0) -> int:
     import uvicorn
 
     settings = None
@@ -84,17 +109,24 @@ def serve(folder: str, method: str | None, overrides: dict[str, str], *,
         from ciosl.serve.images import Embedder
 
         embedder = Embedder(extractor)  # checked and loaded before the folder is touched
+    nofile = open_files_limit()
+    if max_connections > nofile - 64:
+        raise ServeError(f"--max-connections {max_connections}: the open-file limit is "
+                         f"{nofile} (ulimit -n); at most {max(nofile - 64, 1)}")
     sock = bind(host, port)
     service = Service(folder, method, settings, options=options).open()
     try:
         token, where = resolve_token(token_file, Path(folder))
         app = build_app(service, token, limits, embedder)
+        guard = Guard(max_connections, header_timeout)
         config = uvicorn.Config(app, log_level="warning", access_log=False,
-                                timeout_graceful_shutdown=30)
+                                timeout_graceful_shutdown=30, http=guard.protocol(),
+                                timeout_keep_alive=max(1, int(header_timeout)),
+                                h11_max_incomplete_event_size=64 * 1024)
         server = uvicorn.Server(config)
         addr = sock.getsockname()
         s = service.status()
-        print(f"ciosl serve: {s['method']} on http://{host}:{addr[1]} (seen {s['seen']}, "
+        print(f"ciosl serve: {s['method']} on {url_of(host, addr[1])} (seen {s['seen']}, "
               f"{s['classes']} classes, {service.recovered} log records replayed in "
               f"{service.recovery_seconds:.2f} s); token: {where}", flush=True)
         if host not in ("127.0.0.1", "::1", "localhost"):
@@ -121,20 +153,26 @@ def serve(folder: str, method: str | None, overrides: dict[str, str], *,
 
 def serve_command(folder: str, method: str | None, overrides: dict[str, str], *,
                   snapshot_every: int, snapshot_seconds: float, max_batch: int, max_body: int,
-                  writer_nice: int = 10, **kw) -> int:
-    """``ciosl serve``'s flags, checked, then ``serve``."""
-    if snapshot_every < 0:
-        raise ServeError(f"--snapshot-every must be >= 0, got {snapshot_every}")
-    if not snapshot_seconds >= 0:
-        raise ServeError(f"--snapshot-seconds must be >= 0, got {snapshot_seconds}")
-    if not 1 <= max_batch <= 1 << 20:
-        raise ServeError(f"--max-batch must be in 1..{1 << 20}, got {max_batch}")
-    if not 1024 <= max_body <= 1 << 32:
-        raise ServeError(f"--max-body must be in 1024..{1 << 32}, got {max_body}")
-    if not 0 <= writer_nice <= 19:
-        raise ServeError(f"--writer-nice must be in 0..19, got {writer_nice}")
-    return serve(folder, method, overrides,
-                 options=Options(snapshot_every=snapshot_every,
-                                 snapshot_seconds=snapshot_seconds,
-                                 writer_nice=writer_nice),
-                 limits=Limits(max_body=max_body, max_rows=max_batch), **kw)
+                  writer_nice: int = 10, max_json_body: int = 16 << 20,
+                  max_pixels: int = 64 << 20, body_timeout: float = 30.0,
+                  header_timeout: float = 30.0, max_connections: int = 1000,
+                  id_window: int = 1_000_000, id_window_bytes: int = 64 << 20, **kw) -> int:
+    """``ciosl serve``'s flags, checked (each named, in one line), then ``serve``."""
+    options = Options(snapshot_every=snapshot_every, snapshot_seconds=snapshot_seconds,
+                      writer_nice=writer_nice, id_window=id_window,
+                      id_window_bytes=id_window_bytes)
+    for flag, value, lo, hi in (("--max-batch", max_batch, 1, 1 << 20),
+                                ("--max-body", max_body, 1024, 1 << 32),
+                                ("--max-json-body", max_json_body, 1024, 1 << 30),
+                                ("--max-pixels", max_pixels, 1, 1 << 32),
+                                ("--max-connections", max_connections, 1, 1 << 20),
+                                ("--body-timeout", body_timeout, 0.1, 3600),
+                                ("--header-timeout", header_timeout, 0.1, 3600)):
+        if not (math.isfinite(value) and lo <= value <= hi):
+            raise ServeError(f"{flag} must be in {lo}..{hi}, got {value}")
+    return serve(folder, method, overrides, options=options, max_connections=max_connections,
+                 header_timeout=header_timeout,
+                 limits=Limits(max_body=max_body, max_rows=max_batch,
+                               max_json_body=min(max_json_body, max_body),
+                               max_pixels=max_pixels, body_seconds=body_timeout,
+                               max_inflight=max(4 * max_body, 256 << 20)), **kw)

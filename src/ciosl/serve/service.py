@@ -139,6 +139,7 @@ class Service:
 
     def __init__(self, folder: str | Path, method: str | None, settings: dict | None = None,
                  *, options: Options | None = None, on_commit=None, warn=None):
+        folder_mod.check_name(folder)
         self.folder = Path(folder)
         self.method, self.settings = method, settings
         self.options = options or Options()
@@ -338,9 +339,9 @@ class Service:
             self._write_loop()
         except BaseException as e:  # a bug: learning stops, loudly, and nothing waits for it
             line = _one_line(e)
-            self.broken = (f"the writer stopped ({type(e).__name__}: {line}); restart the "
-                           "server to recover" if not line.startswith(type(e).__name__)
-                           else f"the writer stopped ({line}); restart the server to recover")
+            if not line.startswith(type(e).__name__):
+                line = f"{type(e).__name__}: {line}"
+            self.broken = f"the writer stopped ({line}); restart the server to recover"
             self.warn(f"ciosl serve: {self.broken}")
             self._refuse_from_now_on()
 
@@ -463,11 +464,12 @@ class Service:
                 t0 = time.perf_counter()
                 try:
                     self._segment.append(b"".join(blobs))
-                except OSError as e:
+                except Exception as e:
                     # applied in memory but not durable: refuse every later learn (a restart
                     # recovers the acknowledged state from the snapshot and the log)
-                    self.broken = (f"cannot write the log {self._segment.path} "
-                                   f"({e.strerror or e}); restart the server to recover")
+                    why = e.strerror if isinstance(e, OSError) and e.strerror else _one_line(e)
+                    self.broken = (f"cannot write the log {self._segment.path} ({why}); "
+                                   "restart the server to recover")
                 else:
                     if self.on_commit is not None:
                         self.on_commit(time.perf_counter() - t0, len(blobs),

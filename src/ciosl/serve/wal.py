@@ -6,15 +6,22 @@ records numbered ``base + 1, base + 2, ...`` in order. A record is
     header  <4s I I Q>   magic b"CREC", payload length, crc32(seq + payload), seq
     payload <I> json-length, json {"id", "y", "n", "d"}, then n * d little-endian float32
 
-The rule that reading follows: a record whose checksum fails, or that is cut short, is a torn
-write only when nothing follows it (the last record of the last segment: a power cut in the
-middle of a write, never acknowledged); it is dropped and the file truncated there. A bad record
-with anything after it is damage, and ``LogDamaged`` refuses the folder: a log is never silently
-cut in the middle.
+The rule that reading follows: a record cut short (the file ends before the length its header
+gives, or inside its header) is a torn write only when nothing follows it (the last record of the
+last segment: a power cut in the middle of a write, never acknowledged); it is dropped and the
+file truncated there. A complete record whose checksum fails is damage wherever it is (a flipped
+bit, not a torn write), as is a bad record with anything after it: ``LogDamaged`` refuses the
+folder, naming the segment and the byte. A log is never silently cut.
+
+A segment is created under a temporary name (``.log-<base>.wal.tmp``), its header written and
+fsynced, then renamed: a full disk never leaves a segment without its header. The newest segment
+of an older writer that did (0 bytes, or a cut header, named after the last record before it)
+holds no record and is taken as empty.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import struct
@@ -65,8 +72,11 @@ def _decode(seq: int, payload: bytes, where: str) -> Record:
         (m,) = struct.unpack_from("<I", payload)
         meta = json.loads(payload[4 : 4 + m])
         n, d = int(meta["n"]), int(meta["d"])
-        x = np.frombuffer(payload, dtype="<f4", count=n * d, offset=4 + m).reshape(n, d)
-        x = x.astype(np.float32, copy=False)
+        # a fresh, aligned, C-contiguous float32 array, as the live path gives the learner:
+        # a view at the record's offset is misaligned, and some methods' arithmetic then
+        # differs in the last bits (recovery must give the uninterrupted learner's bits)
+        x = np.array(np.frombuffer(payload, dtype="<f4", count=n * d, offset=4 + m),
+                     dtype=np.float32, order="C").reshape(n, d)
         y, rid = list(meta["y"]), meta["id"]
     except Exception as e:  # a checksum matched, so this is a writer's bug, not a torn write
         raise LogDamaged(f"{where}: record {seq} does not decode ({type(e).__name__})") from None
@@ -98,7 +108,8 @@ def iter_segment(path: Path, *, last: bool, tail: dict) -> Iterator[Record]:
         head = f.read(FILE_HEADER.size)
         if len(head) < FILE_HEADER.size:
             if last and FILE_MAGIC.startswith(head[: len(FILE_MAGIC)]):
-                raise LogDamaged(f"{path}: log segment without a complete header")
+                tail["base"], tail["good_end"], tail["empty"] = segment_base(path), 0, True
+                return  # created, its header cut by a full disk: no record in it
             raise LogDamaged(f"{path}: not a ciosl log segment")
         magic, version, base = FILE_HEADER.unpack(head)
         if magic != FILE_MAGIC:
@@ -110,10 +121,11 @@ def iter_segment(path: Path, *, last: bool, tail: dict) -> Iterator[Record]:
         while pos < size:
             problem, end, payload = _next_record(f, pos, size, expect)
             if problem is not None:
-                if last and end >= size:  # nothing after it: a torn last write
+                if last and problem == "cut short":  # nothing after it: a torn last write
                     break
-                raise LogDamaged(f"{path}: damaged record at byte {pos} ({problem}) with "
-                                 f"{size - max(end, pos)} bytes after it")
+                after = size - max(end, pos)
+                raise LogDamaged(f"{path}: damaged record at byte {pos} ({problem}), " + (
+                    f"{after} bytes after it" if after else "complete (not a torn write)"))
             yield _decode(expect, payload, str(path))
             pos, expect = end, expect + 1
         tail["good_end"] = pos
@@ -127,6 +139,9 @@ def _next_record(f, pos: int, size: int, expect: int) -> tuple[str | None, int, 
     magic, length, crc, seq = REC_HEADER.unpack(head)
     end = pos + REC_HEADER.size + length
     if magic != REC_MAGIC or length > MAX_PAYLOAD:
+        rest = size - pos
+        if rest <= 1 << 20 and not (head + f.read(rest - len(head))).strip(b"\0"):
+            return "cut short", size, bytearray()  # zeros to the end: blocks never written
         return "bad header", size, bytearray()  # its length cannot be trusted
     if end > size:
         return "cut short", size, bytearray()
@@ -137,6 +152,13 @@ def _next_record(f, pos: int, size: int, expect: int) -> tuple[str | None, int, 
     if zlib.crc32(payload, zlib.crc32(struct.pack("<Q", seq))) != crc:
         return "checksum mismatch", end, payload
     return None, end, payload
+
+
+def _write_all(fd: int, blob: bytes) -> None:
+    view = memoryview(blob)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
 
 
 def fsync_dir(folder: Path) -> None:
@@ -154,10 +176,20 @@ class Segment:
     def __init__(self, path: Path, base: int, *, create: bool, good_end: int | None = None):
         self.path, self.base = path, base
         if create:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            os.write(fd, FILE_HEADER.pack(FILE_MAGIC, VERSION, base))
-            os.fsync(fd)
-            fsync_dir(path.parent)
+            # under a temporary name until its header is durable: a full disk leaves at most a
+            # temporary (removed here, or ignored and removed at the next start)
+            tmp = path.with_name(f".{path.name}.tmp")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                _write_all(fd, FILE_HEADER.pack(FILE_MAGIC, VERSION, base))
+                os.fsync(fd)
+                os.rename(tmp, path)
+                fsync_dir(path.parent)
+            except BaseException:
+                os.close(fd)
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                raise
         else:
             fd = os.open(path, os.O_WRONLY)
             if good_end is not None and good_end < os.fstat(fd).st_size:
@@ -167,10 +199,7 @@ class Segment:
         self.fd = fd
 
     def append(self, blob: bytes) -> None:
-        view = memoryview(blob)
-        while view:
-            n = os.write(self.fd, view)
-            view = view[n:]
+        _write_all(self.fd, blob)
         os.fsync(self.fd)
 
     def close(self) -> None:
@@ -212,7 +241,8 @@ def iter_log(folder: Path, after: int, tail: dict) -> Iterator[Record]:
         if seen["base"] != base:
             raise LogDamaged(f"{path}: its header says base {seen['base']}, its name {base}")
         if last:
-            tail.update(path=path, base=base, good_end=seen["good_end"])
+            tail.update(path=path, base=base, good_end=seen["good_end"],
+                        empty=seen.get("empty", False))
     if segs and segs[-1][0] > expect - 1:
         raise LogDamaged(f"{segs[-1][1]}: starts after record {segs[-1][0]}, but the snapshot "
                          f"and the log before it end at {expect - 1}: records are missing")

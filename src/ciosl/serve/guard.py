@@ -1,0 +1,123 @@
+"""Connections held within bounds (uvicorn's h11 protocol, guarded): at most
+``max_connections`` open at once (one more is answered 503 and closed at once, so the open-file
+limit is never reached), and a connection must send a complete request head (method, path,
+headers) within ``head_seconds`` of opening or of its previous answer: an idle connection, or
+headers sent a byte a second, are closed (with 408 once anything was sent). The condition is
+said once per episode on stderr, never per connection."""
+
+from __future__ import annotations
+
+import json
+import resource
+import sys
+
+import h11
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+
+def _response(status: str, message: str) -> bytes:
+    body = json.dumps({"error": message}).encode()
+    return (f"HTTP/1.1 {status}\r\ncontent-type: application/json\r\nconnection: close\r\n"
+            f"content-length: {len(body)}\r\n\r\n").encode() + body
+
+
+class Guard:
+    """The bounds shared by every connection of one server."""
+
+    def __init__(self, max_connections: int, head_seconds: float, say=None):
+        self.max_connections, self.head_seconds = max_connections, head_seconds
+        self.say = say or (lambda line: print(line, file=sys.stderr, flush=True))
+        self.open = 0
+        self.refused = 0  # connections refused at the limit, in all
+        self.timed_out = 0  # connections closed for an incomplete head, in all
+        self._said = False
+
+    def full(self) -> bool:
+        if self.open < self.max_connections:
+            if self._said and self.open < self.max_connections // 2:
+                self._said = False  # the episode is over: the next one is said again
+            return False
+        self.refused += 1
+        if not self._said:
+            self._said = True
+            self.say(f"ciosl serve: {self.open} connections open, the most --max-connections "
+                     "allows: new ones are answered 503 and closed until some close (said "
+                     "once)")
+        return True
+
+    def protocol(self) -> type:
+        guard = self
+
+        class Guarded(H11Protocol):
+            _refused = False
+            _head_timer = None
+            _heard = False  # bytes of the next request head have arrived
+
+            def connection_made(self, transport):
+                if guard.full():
+                    self._refused = True
+                    transport.write(_response("503 Service Unavailable", "too many "
+                                              "connections (--max-connections); retry"))
+                    transport.close()
+                    return
+                guard.open += 1
+                super().connection_made(transport)
+                self._arm()
+
+            def connection_lost(self, exc):
+                if self._refused:
+                    return
+                guard.open -= 1
+                self._disarm()
+                super().connection_lost(exc)
+
+            def data_received(self, data):
+                if self.conn.their_state is h11.IDLE:
+                    self._heard = True
+                super().data_received(data)
+                self._arm()
+
+            def on_response_complete(self):
+                self._heard = False
+                super().on_response_complete()
+                self._arm()
+
+            def _arm(self):
+                """A timer runs while the next request's head is awaited; none otherwise."""
+                waiting = self.conn.their_state is h11.IDLE and (
+                    self.cycle is None or self.cycle.response_complete)
+                if not waiting or self.transport.is_closing():
+                    self._disarm()
+                elif self._head_timer is None:
+                    self._head_timer = self.loop.call_later(guard.head_seconds, self._expire)
+
+            def _disarm(self):
+                if self._head_timer is not None:
+                    self._head_timer.cancel()
+                    self._head_timer = None
+
+            def _expire(self):
+                self._head_timer = None
+                if self.transport.is_closing():
+                    return
+                guard.timed_out += 1
+                if self._heard:  # a head begun and not finished: say why it is closed
+                    self.transport.write(_response(
+                        "408 Request Timeout", f"request head not complete within "
+                        f"{guard.head_seconds:g} s (--header-timeout)"))
+                self.transport.close()
+
+        return Guarded
+
+
+def open_files_limit() -> int:
+    """The open-file limit, raised to the hard limit where the soft one is lower."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, 65536)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    return soft
