@@ -262,7 +262,7 @@ def test_another_data_folder_is_another_experiment(tmp_path, capsys):
     difference (the features' key covers the data's fingerprint), and --force replaces it."""
     import gzip
 
-    from test_datasets import idx_bytes
+    from dataset_files import idx_bytes
 
     def write(folder: Path, seed: int) -> None:  # learnable: each class its own brightness
         rng = np.random.default_rng(seed)

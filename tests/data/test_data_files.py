@@ -25,7 +25,7 @@ from helpers import (
 
 
 def fashion_with(tmp: Path, damage) -> list[str]:
-    from test_datasets import write_fashion
+    from dataset_files import write_fashion
 
     folder = tmp / "fashion"
     write_fashion(folder, n=20)
@@ -35,7 +35,7 @@ def fashion_with(tmp: Path, damage) -> list[str]:
 
 
 def cifar_with(tmp: Path, damage) -> list[str]:
-    from test_datasets import write_cifar
+    from dataset_files import write_cifar
 
     folder = tmp / "c" / "cifar-10-batches-py"
     write_cifar(folder, n=4)
@@ -129,7 +129,7 @@ def cifar_batch(folder: Path, name: str, images: int, labels) -> None:
 def fashion_images(folder: Path, stem: str, shape: tuple) -> None:
     import gzip
 
-    from test_datasets import idx_bytes
+    from dataset_files import idx_bytes
 
     (folder / f"{stem}.gz").write_bytes(gzip.compress(idx_bytes(np.zeros(shape, np.uint8))))
 
@@ -216,13 +216,13 @@ def zero_width(tmp: Path) -> list[str]:
 
 
 def empty_fashion_test_split(tmp: Path) -> list[str]:
-    from test_datasets import write_fashion
+    from dataset_files import write_fashion
 
     folder = tmp / "fashion"
     write_fashion(folder, n=20)
     import gzip
 
-    from test_datasets import idx_bytes
+    from dataset_files import idx_bytes
 
     for stem, shape in (("t10k-images-idx3-ubyte", (0, 28, 28)), ("t10k-labels-idx1-ubyte", (0,))):
         for old in folder.glob(f"{stem}*"):
@@ -234,7 +234,7 @@ def empty_fashion_test_split(tmp: Path) -> list[str]:
 
 def data_elsewhere(tmp: Path, monkeypatch) -> list[str]:
     """Fashion-MNIST present in $CIOSL_DATA, a --data folder that does not exist."""
-    from test_datasets import write_fashion
+    from dataset_files import write_fashion
 
     write_fashion(tmp / "home" / "fashion-mnist", n=20)
     monkeypatch.setenv("CIOSL_DATA", str(tmp / "home"))
@@ -243,7 +243,7 @@ def data_elsewhere(tmp: Path, monkeypatch) -> list[str]:
 
 
 def data_empty_folder(tmp: Path, monkeypatch) -> list[str]:
-    from test_datasets import write_fashion
+    from dataset_files import write_fashion
 
     write_fashion(tmp / "home" / "fashion-mnist", n=20)
     monkeypatch.setenv("CIOSL_DATA", str(tmp / "home"))
