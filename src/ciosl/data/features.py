@@ -18,10 +18,11 @@ module exported once per input size), the torch module being the reference and t
 on CUDA with ``device="cuda"``. Progress: a bar on a terminal, else a plain line on stderr every
 30 s (images done, images/s, time left).
 
-Cache entries are ``.npz`` files named by ``FeatureSet.key`` (dataset fingerprint + extractor +
-weights id + format version, + the path that ran the network when it is not torch on the CPU:
-their features differ by float rounding). They are written atomically, carry a sha256 of their arrays and
-their metadata, and are verified on load; a damaged or stale entry is logged and rebuilt.
+Cache entries are ``.npz`` files named by ``FeatureSet.key`` (``cache_key``: dataset fingerprint +
+extractor + weights id + format version, + the path that ran the network when it is not torch on
+the CPU: their features differ by float rounding); their format, written atomically and verified
+on load, is ``ciosl.data.feature_cache`` (re-exported here). A damaged or stale entry is logged
+and rebuilt.
 Features that are the same for every image of a split, or not finite, are refused in every
 extractor (``check_extracted``): never cached, and an entry holding them is rebuilt.
 """
@@ -29,7 +30,6 @@ extractor (``check_extracted``): never cached, and an entry holding them is rebu
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import logging
 import re
@@ -45,10 +45,14 @@ from rich.console import Console
 from rich.progress import Progress
 
 from ciosl.data import backbones, efficientnet, runtime
+from ciosl.data.feature_cache import (  # noqa: F401  (re-exported: the cache's file format)
+    FORMAT_VERSION,
+    default_cache_dir,
+    load_features,
+    save_features,
+)
 from ciosl.data.mobilenet import load_mobilenet_v2, weights_id
 from ciosl.data.types import FeatureSet, ImageSource, RawDataset
-from ciosl.errors import writing
-from ciosl.fileio import atomic_write_bytes, cache_root, check_regular
 
 logger = logging.getLogger(__name__)
 
@@ -59,13 +63,11 @@ OFFLINE_EXTRACTORS = ("pixels", "efficientnet_lite0")  # need no download
 EFFICIENTNET_RESOLUTION = 64
 MAX_RESOLUTION = 1024
 EFFICIENTNET_BATCH = 32  # images per forward pass: small maps stay in cache (measured 5x faster than 128)
-FORMAT_VERSION = 2
 PIXEL_STD_FLOOR = 0.05
 CHECK_ROWS = 8192  # rows of features checked at a time (check_extracted)
 IMAGE_SIZE = 224
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
-_ARRAYS = ("train_z", "train_y", "test_z", "test_y", "train_instance", "train_frame")
 
 
 # ---------------------------------------------------------------------------- extractors
@@ -474,60 +476,6 @@ def cache_key(raw: RawDataset, extractor: str, weights: str | Path | None = None
     digest = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
     name = extractor if size is None else f"{base}{size}"
     return f"{re.sub(r'[^A-Za-z0-9_.]+', '_', raw.name)}-{name}-{digest}"
-
-
-def default_cache_dir() -> Path:
-    return cache_root() / "features"
-
-
-def _sha(arrays: dict[str, np.ndarray], meta: dict) -> str:
-    """sha256 of the metadata and every array (name, dtype, shape, bytes)."""
-    h = hashlib.sha256(json.dumps(meta, sort_keys=True).encode())
-    for name in sorted(arrays):
-        a = arrays[name]
-        h.update(f"{name}:{a.dtype.str}:{a.shape};".encode())
-        h.update(np.ascontiguousarray(a).data)
-    return h.hexdigest()
-
-
-def save_features(fs: FeatureSet, path: Path) -> None:
-    """Write ``fs`` atomically: temp file in the same folder, fsync, ``os.replace``."""
-    arrays = {k: getattr(fs, k) for k in _ARRAYS if getattr(fs, k) is not None}
-    meta = {
-        "format": FORMAT_VERSION,
-        "key": fs.key,
-        "dataset": fs.dataset,
-        "extractor": fs.extractor,
-        "class_names": list(fs.class_names),
-        "shapes": {k: list(a.shape) for k, a in arrays.items()},
-    }
-    meta["sha256"] = _sha(arrays, meta)
-    buf = io.BytesIO()
-    np.savez(buf, meta=np.array(json.dumps(meta)), **arrays)
-    with writing(path):  # "No space left on device" names the entry, not its temporary
-        atomic_write_bytes(path, buf.getvalue())
-
-
-def load_features(path: Path, key: str) -> FeatureSet:
-    """Read and verify a cache entry; raises ``ValueError`` (or a zip/IO error) when bad."""
-    check_regular(path, "feature cache entry")  # a FIFO would block np.load for good
-    with np.load(path, allow_pickle=False) as npz:
-        meta = json.loads(str(npz["meta"]))
-        arrays = {k: npz[k] for k in _ARRAYS if k in npz.files}
-    sha = meta.pop("sha256", None)
-    if meta.get("format") != FORMAT_VERSION or meta.get("key") != key:
-        raise ValueError(f"stale entry (key {meta.get('key')!r}, format {meta.get('format')!r})")
-    if {k: list(a.shape) for k, a in arrays.items()} != meta["shapes"]:
-        raise ValueError("array shapes differ from the recorded ones")
-    if _sha(arrays, meta) != sha:
-        raise ValueError("sha256 mismatch")
-    return FeatureSet(
-        dataset=meta["dataset"],
-        extractor=meta["extractor"],
-        class_names=tuple(meta["class_names"]),
-        key=key,
-        **{k: arrays.get(k) for k in _ARRAYS},
-    )
 
 
 def get_features(

@@ -25,10 +25,9 @@ a change in the data or the extractor. The Omega_all definition (``omega_events`
 not part of the fingerprint: a cell's Omega_all is computed from its runs' per-event accuracies
 when its result is written, so changing it rewrites the results without re-running anything.
 
-Two sweeps of one folder, and the shared cache folder: docs/design.md, "Module notes".
-The cells, their fingerprints and their files are in ``sweep_cells``, the workers and the two
-executors (local processes, Ray) in ``sweep_workers`` (both re-exported here); this module plans
-the runs and drives the executor.
+Two sweeps of one folder, and the shared cache folder: docs/design.md, "Module notes". The cells,
+their fingerprints and files are in ``sweep_cells``, the worker task and the executors (local
+processes, Ray) in ``sweep_workers`` (both re-exported here); this module plans and drives.
 """
 
 from __future__ import annotations
