@@ -6,7 +6,10 @@ Public API (``help(ciosl.NAME)`` documents each):
 - ``available_methods()``: every method by name, those of installed plugins included;
 - ``Learner``: the protocol every learner follows (subclass it for your own method);
 - ``register``: class decorator that makes a ``Learner`` available by its ``name``;
-- ``check_learner(cls)``: the conformance suite every learner passes, on your own learner;
+- ``check_learner(cls)``: the conformance suite every learner passes, on your own learner
+  (``builtin=True``: with what a method shipped with ciosl needs besides, an undo record);
+- ``ciosl.learners``: the helpers a method may build on (``MLP``, ``SGD``, ``ReplayMemory``,
+  ``keep`` / ``restore``, ``Rows``, ``Range``), CONTRIBUTING.md's "A method";
 - ``Client(url, token=...)``: a learner served by ``ciosl serve``, behind the same calls;
 - adapters: ``ciosl.river.RiverClassifier``, ``ciosl.sklearn.StreamingClassifier``.
 """

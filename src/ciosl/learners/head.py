@@ -75,6 +75,7 @@ class MLP:
 
     @property
     def n_out(self) -> int:
+        """The number of outputs (classes)."""
         return int(self.params[-1].shape[0])
 
     def forward(self, X: torch.Tensor) -> torch.Tensor:
@@ -101,9 +102,11 @@ class MLP:
                            torch.cat([b, bn.to(b.device)]).requires_grad_(True)]
 
     def state(self) -> list[torch.Tensor]:
+        """Copies of the parameters (for a learner's ``_state``)."""
         return [p.detach().clone() for p in self.params]
 
     def load(self, tensors: list[torch.Tensor]) -> None:
+        """The parameters from ``state``'s copies (trainable)."""
         self.params = [t.detach().clone().requires_grad_(True) for t in tensors]
 
     def to(self, device: str | torch.device) -> MLP:
@@ -113,6 +116,7 @@ class MLP:
 
     @torch.no_grad()
     def predict_proba(self, Z: np.ndarray, batch: int = 4096) -> np.ndarray:
+        """Softmax of the outputs for the rows of ``Z`` (n, dim), float32 NumPy (n, n_out)."""
         device = self.params[0].device  # inputs go to the parameters, answers come back
         out = [torch.softmax(self.forward(torch.from_numpy(Z[i:i + batch]).to(device)), dim=1)
                for i in range(0, len(Z), batch)]
@@ -210,9 +214,11 @@ class SGD:
         return out
 
     def state(self) -> list[torch.Tensor | None]:
+        """Copies of the momentum buffers (for a learner's ``_state``)."""
         return [None if b is None else b.clone() for b in self.buffers]
 
     def load(self, buffers: list[torch.Tensor | None]) -> None:
+        """The momentum buffers from ``state``'s copies."""
         self.buffers = [None if b is None else b.clone() for b in buffers]
 
 

@@ -225,9 +225,12 @@ class ReplayMemory:
                                   strict=True), strict=True))
 
     # ------------------------------------------------------------------ storing
-    def offer(self, z: Any, y: int, *, logits: Any, loss: float, uncertainty: float,
-              rng: np.random.Generator) -> int | None:
-        """One stream item arrives; returns the slot written, or None if it was not stored."""
+    def offer(self, z: Any, y: int, *, rng: np.random.Generator, logits: Any = (),
+              loss: float = 0.0, uncertainty: float = 0.0) -> int | None:
+        """One stream item arrives; returns the slot written, or None if it was not stored
+        (``rng``: the learner's generator, for the replacement; ``logits``, ``loss`` and
+        ``uncertainty``: what the loss- and uncertainty-aware policies weigh, none needed by
+        the reservoir)."""
         z = _floats(z).reshape(-1)  # (d,)
         if z.shape[0] != self.dim:
             raise ValueError(f"memory: feature width {z.shape[0]} differs from {self.dim}")
