@@ -8,6 +8,7 @@ import stat
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import quote
 
 from ciosl.fileio import atomic_write_bytes, kind_of, open_regular
 from ciosl.report.html import render_html
@@ -21,7 +22,7 @@ from ciosl.report.results import (
     settings_text,
 )
 from ciosl.report.tables import FINDINGS, Table, build_tables, legend_markdown, to_markdown
-from ciosl.report.text import md_escape, shorten
+from ciosl.report.text import md_escape, shorten, shorten_middle
 from ciosl.report.unreferenced import reference_line, unreferenced_tables
 
 FORMATS = ("md", "html")
@@ -144,11 +145,19 @@ def render_markdown(title: str, tables: list[Table], figures: list[Figure],
               "non-default settings | ciosl | torch |", "|---|---|---|---|---|---:|---|---|---|"]
     for e in entries:
         v = e.data.get("versions") or {}
-        cells = [_rel(e.path, root), method_name(e.method), e.column.label, e.column.ordering,
+        cells = [method_name(e.method), e.column.label, e.column.ordering,
                  e.regime, str(e.n_runs), settings_text(e.non_default) or "(defaults)",
                  str(v.get("ciosl", "?")), str(v.get("torch", "?"))]
-        parts.append("| " + " | ".join(md_escape(c) for c in cells) + " |")
+        parts.append("| " + " | ".join([result_link(e.path, root, base)]
+                                       + [md_escape(c) for c in cells]) + " |")
     return "\n".join(parts) + "\n"
+
+
+def result_link(path: Path, root: Path, base: Path) -> str:
+    """A result's row label in "Results used": its name under ``root``, cut in the middle to
+    ``LABEL_MAX`` characters, linking the file (relative to the report's folder ``base``)."""
+    target = quote(Path(os.path.relpath(path, base)).as_posix(), safe="/=+,@")
+    return f"[{md_escape(shorten_middle(_rel(path, root)))}]({target})"
 
 
 REPORT_SIGNS = (re.compile(r'<meta name="generator" content="ciosl report">'),  # HTML

@@ -12,7 +12,7 @@ from ciosl.report.departures import evidence_href
 from ciosl.report.plots import Figure
 from ciosl.report.results import Entry, method_name, settings_text
 from ciosl.report.tables import FINDINGS, Table, legend_parts
-from ciosl.report.text import file_slug, printable, shorten
+from ciosl.report.text import file_slug, printable, shorten, shorten_middle
 
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1200px; padding: 0 1em;
@@ -129,7 +129,8 @@ def provenance_html(entries: list[Entry], root: Path) -> str:
                                              "features_key", "feature_dim", "n_train", "n_test",
                                              "limit_per_class", "sweep") if k in e.data}
         out.append(
-            f"<tr><td><details><summary>{_text(name)}</summary><pre>"
+            f"<tr><td><details><summary title=\"{_text(name)}\">"
+            f"{_text(shorten_middle(name))}</summary><pre>"
             f"{_text(json.dumps(exact, indent=1))}</pre></details></td>"
             f"<td>{_text(method_name(e.method))}</td><td>{_text(e.column.label)}</td>"
             f"<td>{_text(e.column.ordering)}</td><td>{_text(e.regime)}</td>"

@@ -19,6 +19,16 @@ def shorten(text: str, width: int = LABEL_MAX) -> str:
     return text if len(text) <= width else text[:width - 1] + "…"
 
 
+def shorten_middle(text: str, width: int = LABEL_MAX) -> str:
+    """``text`` cut to ``width`` characters in its middle, keeping its start and its end (a file
+    name's variant and extension), the cut marked with an ellipsis."""
+    text = str(text)
+    if len(text) <= width:
+        return text
+    head = (width - 1) // 3
+    return text[:head] + "…" + text[len(text) - (width - 1 - head):]
+
+
 def md_escape(text: str) -> str:
     """Plain text for a Markdown table cell or paragraph: markup characters (HTML tags, links,
     emphasis, code, math, table pipes) backslash-escaped, non-printable characters escaped."""
