@@ -23,6 +23,40 @@ class ServerError(RuntimeError):
         self.status = status
 
 
+# failures of the connection or of the server's side, worth another try with the same id;
+# a request this side cannot even send (a bad URL, an illegal header) is not retried
+RETRIED = (httpx.NetworkError, httpx.TimeoutException, httpx.RemoteProtocolError)
+
+
+def _checked_url(url: str) -> str:
+    try:
+        parsed = httpx.URL(str(url).strip())
+    except (httpx.InvalidURL, TypeError, ValueError):
+        parsed = None
+    if parsed is None or parsed.scheme not in ("http", "https") or not parsed.host:
+        raise ValueError(f"Client: {str(url)[:80]!r} is not a URL such as "
+                         "http://127.0.0.1:8000")
+    return str(parsed).rstrip("/")
+
+
+def _checked_token(token: str | None) -> str | None:
+    """The token without the whitespace around it (a file's last newline); one that holds
+    spaces, control or non-ASCII characters is refused, without ever being shown."""
+    if token is None:
+        return None
+    if not isinstance(token, str):
+        raise TypeError(f"Client: token must be a string, got {type(token).__name__}")
+    token = token.strip()
+    if not token or not token.isascii() or not token.isprintable() or " " in token:
+        raise ValueError(f"Client: the token ({len(token)} characters, not shown) holds "
+                         "spaces, control or non-ASCII characters")
+    return token
+
+
+def _clean(e: Exception) -> str:
+    return (str(e).splitlines() or [""])[0][:200]
+
+
 class Client:
     """``Client("http://127.0.0.1:8000", token=...)``. ``binary``: send features as ``.npy``
     (default; faster than JSON for wide batches) or JSON. ``retries`` transport failures or 503s
@@ -30,8 +64,11 @@ class Client:
 
     def __init__(self, url: str, *, token: str | None = None, timeout: float = 30.0,
                  retries: int = 8, backoff: float = 0.05, binary: bool = True):
+        url = _checked_url(url)
+        token = _checked_token(token)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._http = httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=timeout)
+        self._token = token  # never shown in a message
+        self._http = httpx.Client(base_url=url, headers=headers, timeout=timeout)
         self.retries, self.backoff, self.binary = retries, backoff, binary
         self._classes: list = []
 
@@ -49,9 +86,12 @@ class Client:
         for attempt in range(self.retries + 1):
             try:
                 r = self._http.request(method, path, **kw)
-            except httpx.TransportError:
+            except RETRIED as e:  # the network or the server, not this request: again
                 if attempt == self.retries:
-                    raise
+                    why = _clean(e).replace(self._token, "<token>") if self._token else \
+                        _clean(e)
+                    raise ConnectionError(f"{self._http.base_url}: {type(e).__name__} after "
+                                          f"{attempt + 1} tries ({why})") from None
             else:
                 if r.status_code != 503 or attempt == self.retries:
                     break

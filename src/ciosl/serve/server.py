@@ -114,9 +114,16 @@ def serve(folder: str, method: str | None, overrides: dict[str, str], *,
         raise ServeError(f"--max-connections {max_connections}: the open-file limit is "
                          f"{nofile} (ulimit -n); at most {max(nofile - 64, 1)}")
     sock = bind(host, port)
+    early = None  # a token given (file or environment) is checked before the folder is touched
+    if token_file is not None or os.environ.get("CIOSL_TOKEN"):
+        try:
+            early = resolve_token(token_file, Path(folder))
+        except BaseException:
+            sock.close()
+            raise
     service = Service(folder, method, settings, options=options).open()
     try:
-        token, where = resolve_token(token_file, Path(folder))
+        token, where = early or resolve_token(token_file, Path(folder))
         app = build_app(service, token, limits, embedder)
         guard = Guard(max_connections, header_timeout)
         config = uvicorn.Config(app, log_level="warning", access_log=False,
@@ -175,4 +182,4 @@ def serve_command(folder: str, method: str | None, overrides: dict[str, str], *,
                  limits=Limits(max_body=max_body, max_rows=max_batch,
                                max_json_body=min(max_json_body, max_body),
                                max_pixels=max_pixels, body_seconds=body_timeout,
-                               max_inflight=max(4 * max_body, 256 << 20)), **kw)
+                               max_inflight=4 * max_body), **kw)
