@@ -205,3 +205,72 @@ def test_ciosl_run_names_a_plugins_own_error(plugmod, tmp_path, capsys):
             "--out", str(tmp_path / "out")]
     line = one_line_error(*cli(capsys, argv))
     assert "method 'plug-buggy' (plugmod:Buggy): _learn_one raised IndexError" in line, line
+
+
+REPLAY_PLUGIN = textwrap.dedent('''
+    import torch
+    import torch.nn.functional as F
+
+    from ciosl.learners import MLP, SGD, Learner, ReplayMemory
+
+
+    class ReplayMLP(Learner):
+        name = "plug-replay-mlp"
+        description = "MLP head, one SGD step per sample and 8 replayed items"
+        help = {"lr": "SGD learning rate", "buffer": "replay capacity", "seed": "seed"}
+
+        def __init__(self, *, lr: float = 0.05, buffer: int = 100, seed: int = 0):
+            self.lr, self.buffer = lr, buffer
+            super().__init__(seed=seed)
+
+        def _init_state(self, dim):
+            self.net = MLP(dim, 0, (64,), generator=self.torch_rng)
+            self.opt = SGD(self.net.params, lr=self.lr, momentum=0.9, weight_decay=0.0)
+            self.memory = ReplayMemory(self.buffer, dim)
+
+        def _add_class(self):
+            self.net.grow(1, self.torch_rng)
+
+        def memory_size(self):
+            return len(self.memory)
+
+        def _learn_one(self, z, yi):
+            X, Y = torch.from_numpy(z)[None], torch.tensor([yi])
+            if len(self.memory):
+                Zm, ym = self.memory.batch(self.memory.sample_uniform(8, self.rng))
+                X, Y = torch.cat([X, Zm]), torch.cat([Y, ym])
+            grads = torch.autograd.grad(F.cross_entropy(self.net(X), Y), self.net.params)
+            self.net.params = self.opt.step(self.net.params, grads)
+            self.memory.offer(z, yi, rng=self.rng)
+
+        def _predict_proba(self, Z):
+            return self.net.predict_proba(Z)
+
+        def _state(self):
+            return {"net": self.net.state(), "opt": self.opt.state(),
+                    "memory": self.memory.state()}
+
+        def _load_state(self, state):
+            self.net.load(state["net"])
+            self.opt.load(state["opt"])
+            self.memory.load(state["memory"])
+''')
+
+
+def test_a_replay_mlp_plugin_from_the_public_helpers_passes_the_suite(tmp_path, monkeypatch):
+    """The replay head of CONTRIBUTING's concept count (10: the plugin's 7, the MLP head and
+    its SGD, the ReplayMemory, self.rng), written against ``ciosl.learners`` only: a plugin,
+    no undo record, it passes ``check_learner``; as a built-in it lacks the undo record."""
+    import importlib
+
+    import ciosl
+    from ciosl.learners import registry
+
+    (tmp_path / "replaymod.py").write_text(REPLAY_PLUGIN)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    cls = importlib.import_module("replaymod").ReplayMLP
+    assert len(REPLAY_PLUGIN.strip().splitlines()) <= 50
+    assert any(p.startswith("check_faults") for p in ciosl.check_learner(cls))
+    with pytest.raises(AssertionError, match="fails check_undo_record"):
+        ciosl.check_learner(cls, builtin=True)
