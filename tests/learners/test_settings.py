@@ -143,3 +143,28 @@ def test_a_seed_beyond_what_the_generators_take_is_refused():
     with pytest.raises(ValueError, match=r"ncm: setting 'seed' must be <= 4294967295"):
         make_learner("ncm", seed=2**40)
     assert make_learner("ncm", seed=2**32 - 1).seed == 2**32 - 1
+
+
+def test_a_method_declares_its_own_ranges_over_the_shared_ones():
+    """``ranges = {name: (low, high)}`` (or a ``Range``) adds to the inherited ranges: the
+    shared ones stay (``lr``), the declared one is checked at construction."""
+    from ciosl.learners import Learner, Range
+
+    class Own(Learner):
+        name = "own-ranges"
+        ranges = {"width": (1, 64), "decay": Range(0, 1, high_open=True)}
+
+        def __init__(self, *, width: int = 8, decay: float = 0.5, lr: float = 0.1,
+                     seed: int = 0):
+            self.width, self.decay, self.lr = width, decay, lr
+            super().__init__(seed=seed)
+
+    assert Own.range_of("width") == Range(1, 64) and Own.range_of("lr") == Range(
+        0, 100, low_open=True)
+    for bad, fragment in [({"width": 65}, "'width' must be in [1, 64], got width=65"),
+                          ({"decay": 1.0}, "'decay' must be in [0, 1), got decay=1.0"),
+                          ({"lr": 0.0}, "'lr' must be in (0, 100], got lr=0.0")]:
+        with pytest.raises(ValueError, match=re.escape(fragment)):
+            Own(**bad)
+    with pytest.raises(TypeError, match=r"ranges\['width'\] must be a Range or a \(low, high\)"):
+        type("Bad", (Learner,), {"name": "bad-ranges", "ranges": {"width": "1..64"}})
