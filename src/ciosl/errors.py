@@ -5,8 +5,10 @@ The library raises ``ValueError`` (bad input, damaged files: the message names t
 ``FileNotFoundError`` / ``OSError`` (the file system), ``RuntimeError`` and
 ``FloatingPointError`` (training diverged); data readers turn format errors (a truncated gzip, a
 damaged zip or pickle) into ``ValueError`` naming the file. ``EXPECTED`` also lists the raw
-format errors, as a safety net for a reader that lets one through. Anything else is a bug in
-ciosl: one line too, asking for a report; ``CIOSL_TRACEBACK=1`` shows the traceback.
+format errors, as a safety net for a reader that lets one through. An unexpected exception
+raised in the code of a learner of the user's own is that method's error, a ``LearnerError``
+naming the method and its hook (``learners/guard.py``'s ``user_error``). Anything else is a bug
+in ciosl: one line too, asking for a report; ``CIOSL_TRACEBACK=1`` shows the traceback.
 """
 
 from __future__ import annotations
