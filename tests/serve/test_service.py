@@ -296,7 +296,7 @@ def test_the_state_digest_is_computed_once_per_seq_outside_the_writers_lock(tmp_
     s.close()
 
 
-@pytest.mark.parametrize("case", ["unrelated", "empty name", "dangling link"])
+@pytest.mark.parametrize("case", ["unrelated", "empty name", "dangling link", "below a link"])
 def test_a_folder_refused_is_left_untouched(tmp_path, monkeypatch, case):
     """Red-team 6, finding 18 (and "File exists" for a dangling link): refused before any
     ``.lock`` is written."""
@@ -307,11 +307,11 @@ def test_a_folder_refused_is_left_untouched(tmp_path, monkeypatch, case):
     elif case == "empty name":
         folder, words = "", r"--dir '': give a folder"
     else:
-        folder = tmp_path / "link"
-        folder.symlink_to(tmp_path / "nowhere")
+        (tmp_path / "link").symlink_to(tmp_path / "nowhere")
+        folder = tmp_path / "link" / ("sub" if case == "below a link" else "")
         words = "a dangling symbolic link"
     with pytest.raises(sv.ServeError, match=words) as e:
         _open(folder, "ncm")
     assert "\n" not in str(e.value)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        ["notes.txt"] + (["link"] if case == "dangling link" else []))
+        ["notes.txt"] + (["link"] if "link" in case else []))

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 from ciosl.errors import echo
-from ciosl.fileio import atomic_write_json, dangling_text, load_json
+from ciosl.fileio import atomic_write_json, dangling_link, dangling_text, load_json
 from ciosl.learners.registry import class_path, get_method, resolve_method
 from ciosl.serve import wal
 
@@ -36,8 +36,11 @@ def check_place(folder: str | Path) -> Path:
     and either new, empty or a ciosl serve folder. Reads only."""
     check_name(folder)
     f = Path(folder)
-    if os.path.islink(f) and not f.exists():
-        raise ServeError(f"--dir {dangling_text(f)}; create its target or give another --dir")
+    link = dangling_link(f)  # the folder, or one above it
+    if link is not None:
+        where = f"--dir {dangling_text(link)}" if link == f else \
+            f"--dir {f}: {dangling_text(link)}"
+        raise ServeError(f"{where}; create its target or give another --dir")
     if f.exists() and not f.is_dir():
         raise ServeError(f"--dir {f}: not a folder")
     if f.is_dir() and not (f / META).exists():
