@@ -1,159 +1,201 @@
 """Fault injection: does a call that raises part-way leave the learner as it was?
 
 For each learner and each public call (``learn_one`` on a known class, ``learn_one`` on a new
-class, ``learn_many`` with a new class, ``fit_base`` on a fresh learner), the call is run once
-under a torch function mode that counts its torch operations, then again once per injection
-point k, raising ``RuntimeError`` (or ``KeyboardInterrupt`` with ``--interrupt``) at the k-th
-operation. After each raise it checks:
+class, ``learn_many`` with a new class among known ones, ``fit_base`` on a fresh learner), on
+the data of the conformance suite's ``check_faults``, the call is run once to count its
+injection points: its torch operations (a torch function mode) and, with ``--lines``, the lines
+of ciosl's own code it executes (a ``sys.settrace`` trace function); the injectors are
+``ciosl.conformance``'s. Then once per injection point k (every point with ``--points 0``, else
+that many evenly spaced ones per kind of point), raising ``RuntimeError`` and/or
+``KeyboardInterrupt`` (``--exceptions``) there. After each raise it checks:
 
-- ``state``: the state digest equals the digest before the call;
-- ``later``: the learner, fed the same next samples as a twin that never saw the fault, ends
-  with the twin's digest (state held outside ``state_dict`` shows here).
+- ``state changed``: the state digest is neither the digest before the call nor the one after
+  the complete call (a fault past the call's commit point may leave the call done);
+- ``later differs``: the learner, fed 5 more samples (predicting after each), answers
+  differently or ends with a different digest from a twin that never saw the fault (the twin of
+  the state it was left in; state held outside ``state_dict``, as a kept answer, shows here),
+  or raises. A fitted learner predicts once before the call, as a served one does.
 
-It prints, per learner and call, the operations counted, the injections made (every point, or
-``--points`` evenly spaced ones) and how many broke each promise. The issue on learner state
-(one state rule) is measured by this.
+It prints, per learner and call, the points counted, the injections made and how many broke
+each promise; with ``--show N``, the first N failing injections of each row (where they hit).
 
-    python benchmarks/faults.py                         # every learner, 12 points per call
-    python benchmarks/faults.py --methods tinyer,ewc --points 0 --interrupt   # every point
+    python benchmarks/faults.py                          # every learner, 12 torch points per call
+    python benchmarks/faults.py --methods ncm --points 0 --lines --exceptions both  # exhaustive
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
+import hashlib
+import sys
+import time
 
 import numpy as np
 import torch
-from torch.overrides import TorchFunctionMode
 
-from ciosl import available_methods, make_learner
+from ciosl import available_methods
+from ciosl.conformance import (
+    INT_LABELS,
+    InjectedFault,
+    _LineFaults,
+    _TorchFaults,
+    case_id,
+    cases,
+    class_stream,
+    learn,
+)
 from ciosl.serial import digest
 
-
-class Injected(RuntimeError):
-    pass
-
-
-class Faults(TorchFunctionMode):
-    """Counts torch operations; raises at the ``at``-th one (1-based) when ``at`` is set."""
-
-    def __init__(self, at: int | None = None, exc: type[BaseException] = Injected):
-        super().__init__()
-        self.n, self.at, self.exc = 0, at, exc
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        self.n += 1
-        if self.at is not None and self.n == self.at:
-            raise self.exc(f"injected at torch operation {self.n} ({func})")
-        return func(*args, **(kwargs or {}))
+EXCEPTIONS = {"runtime": (InjectedFault,), "interrupt": (KeyboardInterrupt,),
+              "both": (InjectedFault, KeyboardInterrupt)}
 
 
-def stream(d: int = 6, seed: int = 0):
-    rng = np.random.default_rng(seed)
-    y = np.repeat(np.arange(8), 6)
-    x = rng.normal(size=(len(y), d)).astype(np.float32) + 0.5 * y[:, None]
-    return x, [int(v) for v in y]
+class Setup:
+    """The learner before each call, the calls, and the learning after them (check_faults')."""
+
+    def __init__(self, cls, settings: dict):
+        self.cls, self.settings = cls, settings
+        self.Zb, yb, self.Zs, self.ys = class_stream()
+        self.half = int(np.flatnonzero(self.ys == 3)[0])  # classes 3 and 4 still to come
+        self.lab = [INT_LABELS[k] for k in self.ys]
+        self.base_y = [INT_LABELS[k] for k in yb]
+        self.Zt = np.concatenate([self.Zb[::7], self.Zs[::7]])  # rows of every class
+        self.state = learn(cls(**settings).fit_base(self.Zb, self.base_y), self.Zs[:self.half],
+                           self.ys[:self.half]).state_dict()
+        Zs, lab, h = self.Zs, self.lab, self.half
+        self.calls = {
+            "learn_one known": (True, lambda L: L.learn_one(Zs[0], lab[0])),
+            "learn_one new": (True, lambda L: L.learn_one(Zs[h], lab[h])),
+            "learn_many new": (True, lambda L: L.learn_many(Zs[[0, h, 1]],
+                                                            [lab[0], lab[h], lab[1]])),
+            "fit_base": (False, lambda L: L.fit_base(self.Zb, self.base_y))}
+
+    def fresh(self, fitted: bool):
+        learner = self.cls(**self.settings)
+        if fitted:
+            learner.load_state_dict(copy.deepcopy(self.state))
+            learner.predict_proba(self.Zt)  # an answer asked before the call (a kept answer)
+        return learner
+
+    def later(self, learner) -> str:
+        """The state digest and every answer after each of 5 more learns."""
+        if learner.dim_ is None:
+            learner.fit_base(self.Zb, self.base_y)
+        h, answers = self.half, hashlib.sha256()
+        for i in range(h + 1, h + 6):
+            learner.learn_one(self.Zs[i], self.lab[i])
+            answers.update(np.ascontiguousarray(learner.predict_proba(self.Zt)).tobytes())
+        return digest(learner.state_dict()) + answers.hexdigest()
 
 
-def prepared(method: str):
-    x, y = stream()
-    learner = make_learner(method)
-    learner.fit_base(x[:12], y[:12])  # classes 0, 1
-    for i in range(12, 24):  # classes 2, 3
-        learner.learn_one(x[i], y[i])
-    return learner
+def digest_of(learner) -> str | None:
+    return None if learner.dim_ is None else digest(learner.state_dict())
 
 
-CALLS = {
-    "learn_one known": lambda L, x, y: L.learn_one(x[14], y[14]),
-    "learn_one new": lambda L, x, y: L.learn_one(x[30], y[30]),
-    "learn_many new": lambda L, x, y: L.learn_many(x[24:36], y[24:36]),
-    "fit_base": None,  # on a fresh learner
-}
-
-
-def run_call(method: str, call: str, at: int | None, exc) -> tuple[object, int, bool]:
-    """(learner, operations counted, raised)."""
-    x, y = stream()
-    if call == "fit_base":
-        learner = make_learner(method)
-        fn = lambda: learner.fit_base(x[:12], y[:12])  # noqa: E731
-    else:
-        learner = prepared(method)
-        fn = lambda: CALLS[call](learner, x, y)  # noqa: E731
-    mode = Faults(at, exc)
-    raised = False
+def run(setup: Setup, call: str, injector) -> tuple[object, BaseException | None]:
+    fitted, fn = setup.calls[call]
+    learner = setup.fresh(fitted)
+    grad = torch.is_grad_enabled()
     try:
-        with mode:
-            fn()
-    except (Injected, KeyboardInterrupt):
-        raised = True
-    finally:
-        # a fault that hits torch's own grad-mode switch leaves it off for the process: that
-        # is torch's global, not the learner's state, and must not spill into the next run
-        torch.set_grad_enabled(True)
-    return learner, mode.n, raised
+        with injector:
+            fn(learner)
+    except (Exception, KeyboardInterrupt) as e:  # the fault, or an error made of it
+        return learner, e
+    finally:  # torch's global grad mode is the process's, not the learner's
+        torch.set_grad_enabled(grad)
+    return learner, None
 
 
-def after(learner, method: str, call: str) -> str:
-    """The digest after a few more samples."""
-    x, y = stream(seed=1)
-    if call == "fit_base" and learner.dim_ is None:
-        learner.fit_base(x[:12], y[:12])
-    for i in range(36, 42):
-        learner.learn_one(x[i], y[i])
-    return digest(learner.state_dict())
-
-
-def measure(method: str, call: str, points: int, exc) -> tuple[int, int, int, int]:
-    clean, n, _ = run_call(method, call, None, exc)
-    if call == "fit_base":
-        before_learner = make_learner(method)
-    else:
-        before_learner = prepared(method)
-    before = digest(before_learner.state_dict())
-    twin_later = after(before_learner, method, call)
-    ks = range(1, n + 1) if points == 0 or points >= n else sorted(
-        {int(round(v)) for v in np.linspace(1, n, points)})
-    changed = later = tried = 0
-    for k in ks:
-        learner, _, raised = run_call(method, call, k, exc)
-        if not raised:  # an operation the learner caught itself
-            continue
-        tried += 1
-        if digest(learner.state_dict()) != before:
-            changed += 1
-        try:
-            if after(learner, method, call) != twin_later:
-                later += 1
-        except Exception:  # noqa: BLE001 (a broken learner counts as different)
-            later += 1
-    del clean
-    return n, tried, changed, later
+def measure(setup: Setup, call: str, points: int, kinds, exceptions, show: int):
+    """(points counted per kind, injections, state changed, later differs, failures)."""
+    fitted, fn = setup.calls[call]
+    before_learner, done_learner = setup.fresh(fitted), setup.fresh(fitted)
+    fn(done_learner)
+    before, done = digest_of(before_learner), digest_of(done_learner)
+    outcomes = {before: setup.later(before_learner), done: setup.later(done_learner)}
+    counted, tried, changed, later, failures = {}, 0, 0, 0, []
+    for kind, injector in kinds:
+        counter = injector(None, InjectedFault)
+        run(setup, call, counter)
+        n = counted[kind] = counter.n
+        ks = range(1, n + 1) if points == 0 or points >= n else sorted(
+            {int(round(v)) for v in np.linspace(1, n, points)})
+        for k in ks:
+            for exc in exceptions:
+                learner, raised = run(setup, call, injector(k, exc))
+                if raised is None:  # the learner caught the fault itself and went on
+                    continue
+                tried += 1
+                now = digest_of(learner)
+                bad = []
+                if now not in outcomes:
+                    changed += 1
+                    bad.append("state changed")
+                try:
+                    different = setup.later(learner) != outcomes.get(now, outcomes[before])
+                except Exception as e:  # noqa: BLE001 (a broken learner counts as different)
+                    different = True
+                    bad.append(f"then {type(e).__name__}: {e}"[:120])
+                if different:
+                    later += 1
+                    bad.append("later differs")
+                if bad and len(failures) < show:
+                    failures.append(f"{exc.__name__} at {kind} {k}: {raised} -> "
+                                    + ", ".join(bad))
+    return counted, tried, changed, later, failures
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--methods", default=",".join(sorted(available_methods())))
-    p.add_argument("--points", type=int, default=12, help="injection points per call (0: all)")
-    p.add_argument("--interrupt", action="store_true", help="raise KeyboardInterrupt")
+    p.add_argument("--calls", default=None,
+                   help="comma-separated subset of: learn_one known, learn_one new, "
+                        "learn_many new, fit_base")
+    p.add_argument("--points", type=int, default=12,
+                   help="injection points per call and kind of point (0: every point)")
+    p.add_argument("--lines", action="store_true",
+                   help="also inject at every executed line of ciosl's code (a trace function)")
+    p.add_argument("--exceptions", choices=sorted(EXCEPTIONS), default="runtime",
+                   help="what to raise at each point (both: each point twice)")
+    p.add_argument("--interrupt", action="store_true",
+                   help="raise KeyboardInterrupt (as --exceptions interrupt)")
+    p.add_argument("--settings", choices=["default", "extra", "all"], default="default",
+                   help="extra: each learner's conformance_settings; all: the default and "
+                        "those (as check_faults runs)")
+    p.add_argument("--show", type=int, default=0, help="print the first N failures of a row")
     a = p.parse_args()
     torch.set_num_threads(1)
-    exc = KeyboardInterrupt if a.interrupt else Injected
-    print(f"{'method':13s} {'call':16s} {'ops':>6s} {'faults':>6s} {'state changed':>14s} "
-          f"{'later differs':>14s}")
+    exceptions = EXCEPTIONS["interrupt" if a.interrupt else a.exceptions]
+    kinds = [("torch operation", _TorchFaults)] + ([("line", _LineFaults)] if a.lines else [])
+    calls = a.calls.split(",") if a.calls else ["learn_one known", "learn_one new",
+                                                "learn_many new", "fit_base"]
+    print(f"{'method':13s} {'call':16s} {'points':>6s} {'faults':>6s} {'state changed':>14s} "
+          f"{'later differs':>14s}", flush=True)
     totals = np.zeros(3, int)
-    for method in a.methods.split(","):
-        for call in CALLS:
+    start = time.perf_counter()
+    methods = a.methods.split(",")
+    want = {"default": (True,), "extra": (False,), "all": (True, False)}[a.settings]
+    runs = [(cls, s) for cls, s in cases() if cls.name in methods and (not s) in want]
+    runs.sort(key=lambda case: methods.index(case[0].name))
+    for cls, settings in runs:
+        setup, method = Setup(cls, settings), case_id((cls, settings))
+        for call in calls:
             try:
-                n, tried, changed, later = measure(method, call, a.points, exc)
+                counted, tried, changed, later, failures = measure(
+                    setup, call, a.points, kinds, exceptions, a.show)
             except Exception as e:  # noqa: BLE001 (e.g. a learner that needs fit_base)
                 print(f"{method:13s} {call:16s} skipped: {type(e).__name__}: {e}"[:120])
                 continue
             totals += (tried, changed, later)
-            print(f"{method:13s} {call:16s} {n:6d} {tried:6d} {changed:14d} {later:14d}",
-                  flush=True)
+            print(f"{method:13s} {call:16s} {sum(counted.values()):6d} {tried:6d} "
+                  f"{changed:14d} {later:14d}", flush=True)
+            for f in failures:
+                print(f"    {f}"[:300], flush=True)
     print(f"{'total':13s} {'':16s} {'':6s} {totals[0]:6d} {totals[1]:14d} {totals[2]:14d}")
+    print(f"# {time.perf_counter() - start:.0f} s; points: torch operations"
+          + (" and lines of ciosl's code" if a.lines else "")
+          + f"; raised: {', '.join(e.__name__ for e in exceptions)}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -53,12 +53,13 @@ class AllOrNothing:
                 record = self._undo_record(self._indices_of(labels))
             else:
                 saved = copy.deepcopy(self.state_dict())
-        self._in_call = True
+        # the flag is set inside the try and cleared on the try's own line in the finally (a
+        # fault raised at a line, as a trace function or a signal handler does, lands inside
+        # the try there, whose handler clears it again): no single fault leaves it set, which
+        # would make every later call skip its record as if nested
         try:
+            self._in_call = True
             yield
-            if record is not None:
-                self._undo_done(record)
-            self._publish()
         except BaseException:
             if saved is not None:
                 self.load_state_dict(saved, check=False)
@@ -74,8 +75,22 @@ class AllOrNothing:
                 self.rng.bit_generator.state, _ = rng
                 self.torch_rng.set_state(rng[1])
             raise
+        else:  # the call is done: a fault while closing it leaves it done (the record ended,
+            # the state published), as after a complete call; each part can be run again
+            try: self._close_call(record)  # noqa: E701 (one line: see above)
+            except BaseException:
+                self._close_call(record)
+                raise
         finally:
-            self._in_call = False
+            try: self._in_call = False  # noqa: E701 (one line: see above)
+            except BaseException:
+                self._in_call = False
+                raise
+
+    def _close_call(self, record: Any) -> None:
+        if record is not None:
+            self._undo_done(record)
+        self._publish()
 
     draws_random: ClassVar[bool] = True  # False: no step draws from self.rng / self.torch_rng
 

@@ -200,11 +200,9 @@ class Learner(AllOrNothing, Persistent, Configurable):
             return
         if self.keeps_answer:
             asked = self._asked
-            if not reading:
-                if not asked[0]:
-                    self.__dict__.pop("_pub", None)
-                    return
-                asked[0] = False
+            if not reading and not asked[0]:
+                self.__dict__.pop("_pub", None)
+                return
             self._answer_now()  # nothing to do after a prediction
         state = dict(self.__dict__)
         state.pop("_pub", None)
@@ -218,6 +216,8 @@ class Learner(AllOrNothing, Persistent, Configurable):
         pub = object.__new__(type(self))
         pub.__dict__.update(state)
         self._pub = pub
+        if self.keeps_answer and not reading:  # last: a publish cut short is done again whole
+            asked[0] = False
 
     def published(self) -> Learner | None:
         """The last published state: a read-only twin that answers ``predict_proba``,

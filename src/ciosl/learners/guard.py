@@ -50,16 +50,15 @@ GUARDED = ("fit_base", "learn_one", "learn_many", "predict_proba", "predict", "s
 
 
 _LOCKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # learner -> its RLock
-_LOCKS_LOCK = threading.Lock()
 
 
 def lock_of(learner: Any) -> threading.RLock:
     """The lock that serialises ``learner``'s public calls (made on first use; kept outside the
     learner, so that copies, pickles and state dicts never hold one)."""
     lock = _LOCKS.get(learner)
-    if lock is None:
-        with _LOCKS_LOCK:
-            lock = _LOCKS.setdefault(learner, threading.RLock())
+    if lock is None:  # one atomic dict.setdefault: no lock of locks, which a fault at the exit
+        # of its ``with`` (a trace function's, as check_faults raises) left held for good
+        lock = _LOCKS.setdefault(learner, threading.RLock())
     return lock
 
 

@@ -183,22 +183,21 @@ class ReplayMemory:
         self._journal = None
 
     def rollback(self, token: tuple) -> None:
-        """Put back every row written since ``begin``, the sizes and the logit width."""
+        """Put back every row written since ``begin``, the sizes and the logit width. The
+        class counts are counted again (O(capacity), only on a failed call): a fault between
+        a write and its count, wherever it came, cannot leave them off."""
         size, n_offered, width = token
+        self._views()  # a fault in grow_logits may have come between its buffer and its views
         v = self._np
         for slot, (row, h, n, loss, unc) in (self._journal or {}).items():
             if row is not None:  # the call wrote the features and label too
-                z, y = row
-                if slot < self._size:
-                    self._counts[v["y"][slot]] -= 1
-                if slot < size:
-                    self._counts[y] += 1
-                v["z"][slot], v["y"][slot] = z, y
+                v["z"][slot], v["y"][slot] = row
             v["logits"][slot, :len(h)] = h
             v["logits"][slot, len(h):] = 0.0
             v["n_logits"][slot], v["loss"][slot], v["uncertainty"][slot] = n, loss, unc
         self._journal = None
         self._size, self.n_offered, self._width = size, n_offered, width
+        self._counts = np.bincount(v["y"][:size], minlength=len(self._counts)).astype(np.int64)
 
     def _save(self, slots: np.ndarray | list, rows: bool = True) -> None:
         """Journal the rows of ``slots`` not saved yet (a no-op without a journal); with
