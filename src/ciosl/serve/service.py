@@ -349,12 +349,10 @@ class Service:
         """A dead writer's last duty: every job in hand or still to come is answered 503."""
         busy = Answer(503, {"error": self.broken})
         for job in self._in_hand:
-            if not job.future.done():
-                job.future.set_result(busy)
+            _answer(job, busy)
         while True:
             job = self._queue.get()
-            if not job.future.done():
-                job.future.set_result(busy)
+            _answer(job, busy)
             if job.kind == "stop":
                 with contextlib.suppress(Exception):
                     self._sync_queue.join()
@@ -472,14 +470,15 @@ class Service:
                                    "restart the server to recover")
                 else:
                     if self.on_commit is not None:
-                        self.on_commit(time.perf_counter() - t0, len(blobs),
-                                       sum(g[2] for g in groups))
+                        with contextlib.suppress(Exception):  # metrics: never the syncer's end
+                            self.on_commit(time.perf_counter() - t0, len(blobs),
+                                           sum(g[2] for g in groups))
             seen = int(self.learner.n_seen_)
             for job, answer in acks:
                 if self.broken is not None:
                     answer = Answer(503, {"error": self.broken})
                 answer.body.setdefault("seen", seen)
-                job.future.set_result(answer)
+                _answer(job, answer)
             for _ in items:
                 self._sync_queue.task_done()
             if items[-1] is None:
@@ -533,6 +532,13 @@ class Service:
         self.snap_seq, self.snap_time, self._since_snapshot = s, time.time(), 0
         return {"seq": s, "seen": int(self.learner.n_seen_),
                 "seconds": round(time.perf_counter() - t0, 6)}
+
+
+def _answer(job: _Job, answer: Answer) -> None:
+    """Answer ``job`` unless it is answered already (a dead writer answers what it held, and
+    the syncer may be answering one of them at the same moment)."""
+    with contextlib.suppress(cf.InvalidStateError):
+        job.future.set_result(answer)
 
 
 def _stderr(line: str) -> None:
