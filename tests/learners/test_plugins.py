@@ -62,6 +62,15 @@ PLUGIN = textwrap.dedent('''
 
         def _learn_one(self, z, yi):
             return [0][yi + 5]  # an IndexError of the method's own
+
+
+    class Refusing(CosineMeans):
+        name = "plug-refusing"
+
+        def _learn_one(self, z, yi):
+            if z[0] > 100:
+                raise ValueError("feature 0 over 100: refused")  # a refusal of its own
+            super()._learn_one(z, yi)
 ''')
 
 
@@ -174,6 +183,18 @@ def test_an_error_in_a_plugins_own_code_names_the_method_and_its_hook(plugmod):
     assert learner.classes_ == [] and learner.dim_ is None  # all or nothing still
     with pytest.raises(TypeError, match="labels must be integers or strings"):
         plugmod.CosineMeans().learn_one(np.ones(8), 1.5)  # ciosl's own refusal stays itself
+
+
+def test_an_expected_error_of_a_plugin_keeps_its_type_and_names_the_method(plugmod):
+    learner = plugmod.Refusing()
+    learner.learn_one(np.ones(8), 1)
+    z = np.ones(8)
+    z[0] = 500.0
+    with pytest.raises(ValueError) as err:
+        learner.learn_one(z, 2)
+    assert str(err.value) == ("method 'plug-refusing' (plugmod:Refusing): _learn_one: "
+                              "feature 0 over 100: refused")
+    assert learner.classes_ == [1]  # all or nothing still: the new class is not kept
 
 
 @pytest.mark.parametrize(("settings", "fragment"), [

@@ -132,13 +132,19 @@ def _own_files(cls: type) -> set[str]:
     return out
 
 
-def user_error(learner: Any, e: BaseException) -> LearnerError | None:
-    """``LearnerError`` naming the method and the hook (``_init_state``, ``_learn_one``...) of
-    the user's code where ``e`` was raised, for an exception that is no expected error (a
-    ``ZeroDivisionError``, an ``IndexError``): it is a bug of that method, not of ciosl. None
-    for an expected error, a built-in learner, or an error raised in ciosl's own code."""
-    if isinstance(e, EXPECTED):
-        return None
+# expected errors a method of the user's own may raise on purpose (a refusal, a non-finite
+# loss): kept as their type, their message prefixed with the method and its hook
+_NAMED = (ValueError, RuntimeError, FloatingPointError)
+
+
+def user_error(learner: Any, e: BaseException) -> BaseException | None:
+    """The error to raise for ``e``, raised in the code of a learner of the user's own (a
+    plugin), naming the method and the hook (``_init_state``, ``_learn_one``...) where it was
+    raised: for an exception that is no expected error (a ``ZeroDivisionError``, an
+    ``IndexError``), a ``LearnerError`` saying it is a bug of that method, not of ciosl; for an
+    expected one (a ``ValueError`` the method raised on purpose), the same type with its message
+    prefixed by the method and hook. None for a built-in learner, an error raised in ciosl's own
+    code, or one whose message names the method already."""
     files = _own_files(type(learner))
     if not files:
         return None
@@ -146,6 +152,8 @@ def user_error(learner: Any, e: BaseException) -> LearnerError | None:
     own = [f for f in frames if os.path.abspath(f.filename) in files]
     if not own:
         return None
+    if isinstance(e, EXPECTED):
+        return _named(learner, e, own[-1].name)
     if isinstance(e, TypeError):  # ciosl's refusals of bad arguments are TypeErrors too
         last = [f for f in frames if os.path.abspath(f.filename) in files
                 or os.path.abspath(f.filename).startswith(_CIOSL)][-1]
@@ -155,3 +163,20 @@ def user_error(learner: Any, e: BaseException) -> LearnerError | None:
     return LearnerError(f"{describe_learner(learner)}: {f.name} raised {_describe(e)} "
                         f"({os.path.basename(f.filename)}, line {f.lineno}): an error in the "
                         "method's own code, not in ciosl")
+
+
+def _named(learner: Any, e: BaseException, hook: str) -> BaseException | None:
+    """``e`` again, its type kept, its first line prefixed with ``method 'x' (mod:Cls): hook:``;
+    None where that cannot be done faithfully (an ``OSError``'s fields, a type whose
+    constructor takes more than a message, or a message that names the method already)."""
+    who = describe_learner(learner)
+    text = str(e).strip()
+    if not any(type(e).__init__ is k.__init__ for k in _NAMED if isinstance(e, k)):
+        return None  # a constructor of its own (or OSError's fields): keep the original
+    if text.startswith(who) or text.startswith(f"{getattr(learner, 'name', '')}:"):
+        return None
+    try:
+        out = type(e)(f"{who}: {hook}: {text or type(e).__name__}")
+    except Exception:  # noqa: BLE001 (a constructor of its own: keep the original)
+        return None
+    return out
