@@ -170,3 +170,119 @@ def test_a_fault_at_any_line_of_a_new_class_call_leaves_the_classes_consistent(c
         assert later(learner) == outcomes[now], k
         rolled_back += len(learner.classes_) == 3
     assert counter.n > 20 and rolled_back > 20  # the calls ran through ciosl's code
+
+
+class _Where:
+    """Where each line fault of ``_LineFaults`` would land: (file name, line) per count."""
+
+    def __init__(self):
+        from ciosl.conformance import InjectedFault, _LineFaults
+
+        self.at: list[tuple[str, int]] = []
+        outer = self
+
+        class Recording(_LineFaults):
+            def _local(self, frame, event, arg):
+                if event == "line":
+                    outer.at.append((frame.f_code.co_filename.rsplit("/", 1)[-1],
+                                     frame.f_lineno))
+                return super()._local(frame, event, arg)
+
+        self.injector = Recording(None, InjectedFault)
+
+
+def _exact_under_line_faults(method: str, settings: dict, call: str, files=None, head=0,
+                             tail=0) -> int:
+    """Raise a RuntimeError and a KeyboardInterrupt at lines of ciosl's code inside ``call``
+    (those in ``files``, the first ``head`` and the last ``tail`` lines of the call; every
+    line without any): afterwards the state is as before the call (or as after it, for a
+    fault past its commit point), and the learner then answers and learns exactly as a twin
+    that never saw the fault (5 more learns, predicting after each; the learner predicted
+    before the call, so a kept answer is in play). Returns the faults injected."""
+    import copy
+
+    from ciosl.conformance import INT_LABELS, InjectedFault, _LineFaults, class_stream, learn
+    from ciosl.learners import available_methods
+    from ciosl.serial import digest
+
+    cls = available_methods()[method]
+    Zb, yb, Zs, ys = class_stream()
+    half = int(np.flatnonzero(ys == 3)[0])
+    lab = [INT_LABELS[k] for k in ys]
+    state = learn(cls(**settings).fit_base(Zb, [INT_LABELS[k] for k in yb]), Zs[:half],
+                  ys[:half]).state_dict()
+    Zt = np.concatenate([Zb[::7], Zs[::7]])
+    fn = {"learn_one known": lambda L: L.learn_one(Zs[0], lab[0]),
+          "learn_one new": lambda L: L.learn_one(Zs[half], lab[half]),
+          "learn_many new": lambda L: L.learn_many(Zs[[0, half, 1]],
+                                                   [lab[0], lab[half], lab[1]])}[call]
+
+    def fresh():
+        learner = cls(**settings)
+        learner.load_state_dict(copy.deepcopy(state))
+        learner.predict_proba(Zt)
+        return learner
+
+    def later(learner):
+        answers = []
+        for i in range(half + 1, half + 6):
+            learner.learn_one(Zs[i], lab[i])
+            answers.append(learner.predict_proba(Zt))
+        return digest(learner.state_dict()), np.concatenate(answers).tobytes()
+
+    done = fresh()
+    fn(done)  # first: a first call may run more (a class's caches filled)
+    where, learner = _Where(), fresh()
+    with where.injector:
+        fn(learner)
+    outcomes = {digest(fresh().state_dict()): later(fresh()), digest(done.state_dict()): later(done)}
+    n = len(where.at)
+    ks = [k for k in range(1, n + 1) if (files is None and not head and not tail)
+          or k <= head or k > n - tail or (files and where.at[k - 1][0] in files)]
+    tried = 0
+    for k in ks:
+        for exc in (InjectedFault, KeyboardInterrupt):
+            learner = fresh()
+            try:
+                with _LineFaults(k, exc):
+                    fn(learner)
+            except (InjectedFault, KeyboardInterrupt):
+                tried += 1
+            at = f"{exc.__name__} at line {where.at[k - 1]}"
+            now = digest(learner.state_dict())
+            assert now in outcomes, f"{at} left the state changed"
+            assert later(learner) == outcomes[now], f"{at}: later learning differs from a twin's"
+    return tried
+
+
+@pytest.mark.parametrize(("method", "call"), [
+    ("ncm", "learn_one known"), ("ncm", "learn_one new"), ("tinyer", "learn_one new"),
+    ("agem", "learn_one known"), ("remind", "learn_many new"), ("ciosl", "learn_one new")])
+def test_a_fault_opening_or_closing_a_call_leaves_it_before_or_done(method, call):
+    """Faults at the first and the last lines of a call: where it opens its record and marks
+    itself running, and where it ends the record and publishes. A fault at the try's own line
+    once left the call marked running, so every later call skipped its record (and its
+    publish); a fault in the publish rolled back a record already ended."""
+    settings = {"buffer": 16, "pq_subvectors": 8, "pq_nbits": 3} if method == "remind" else {}
+    assert _exact_under_line_faults(method, settings, call, head=12, tail=40) > 40
+
+
+@pytest.mark.parametrize(("method", "settings", "call"), [
+    ("gdumb", {"buffer": 12, "retrain_epochs": 10}, "learn_one new"),
+    ("ciosl", {"buffer": 16}, "learn_one new")])
+def test_a_fault_inside_the_replay_memory_is_rolled_back_whole(method, settings, call):
+    """Faults at every line of the replay memory's code in a step that replaces an item of a
+    full memory: a fault between a row's write and its class count once left the counts off
+    (the next victim then came from another class)."""
+    assert _exact_under_line_faults(method, settings, call, files={"memory.py"}) > 20
+
+
+@pytest.mark.parametrize(("method", "call"), [("slda", "learn_one known"),
+                                              ("slda", "learn_many new"),
+                                              ("ncm", "learn_one new")])
+def test_a_rolled_back_call_leaves_the_kept_answer_as_it_was(method, call):
+    """Faults at every line of a call of a learner that keeps its answer between predictions
+    (catching up on the rows learned since): a rolled-back call once dropped the kept answer,
+    and a publish cut short once skipped bringing it current, so the next answers were taken
+    afresh where a twin's caught up, and differed in the last bits."""
+    assert _exact_under_line_faults(method, {}, call) > 200

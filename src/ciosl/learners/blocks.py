@@ -197,8 +197,10 @@ class BlockMeans(Learner):
 
     # ------------------------------------------------------------------ all-or-nothing
     def _undo_record(self, yi: np.ndarray) -> dict[str, Any]:
-        """Two counts; ``_commit`` adds what it is about to overwrite."""
-        self._journal = {"n_pending": self.n_pending, "rows": []}
+        """Two counts and the kept answer with the buffers it reads (references); ``_commit``
+        adds what it is about to overwrite."""
+        self._journal = {"n_pending": self.n_pending, "rows": [], "kept": (
+            self._gen, self._prev, self.pending_z, self.pending_y, self._answer)}
         return self._journal
 
     def _save_before_commit(self, u: torch.Tensor) -> None:
@@ -223,7 +225,10 @@ class BlockMeans(Learner):
             self.pending_y.copy_(record["pending"][1])
         self.n_pending = record["n_pending"]
         self._journal = None
-        self._new_generation()
+        # the kept answer and the blocks it catches up from, as they were (a step writes the
+        # waiting buffer only past its waiting rows, and a commit takes a fresh one): the
+        # next answer is the one a learner that never made the call would give, to the bit
+        self._gen, self._prev, self.pending_z, self.pending_y, self._answer = record["kept"]
         self._changed(cov=True)
 
     def _undo_done(self, record: dict[str, Any]) -> None:

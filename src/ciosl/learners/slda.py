@@ -143,7 +143,6 @@ class SLDA(BlockMeans):
             self._S, self.n_cov = record["scatter"]
         super()._undo(record, n_classes)
         self._invalidate(cov=True)
-        self._new_generation()
 
     draws_random = False  # no step draws a random number (Learner._draws_random)
     def _fit_base(self, Z: np.ndarray, yi: np.ndarray) -> None:
