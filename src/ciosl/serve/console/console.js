@@ -150,8 +150,9 @@ async function loadMethods() {
   renderSettings();
 }
 
-function settingText(v) {
+function settingText(v, type) {
   if (v === null || v === undefined) return "";
+  if (typeof v === "number" && Number.isInteger(v) && /float/.test(type)) return v.toFixed(1);
   return typeof v === "object" ? JSON.stringify(v) : String(v);
 }
 
@@ -164,7 +165,7 @@ function renderSettings() {
   for (const s of method.settings) {
     const id = `setting-${s.name}`;
     const input = el("input", { id, name: s.name, "aria-describedby": `${id}-help` });
-    input.value = settingText(s.default);
+    input.value = settingText(s.default, String(s.type ?? ""));
     input.dataset.default = input.value;
     input.dataset.type = String(s.type ?? "");
     box.append(el("label", { for: id, text: s.name }), input,
