@@ -28,7 +28,8 @@ install: torch
 	$(PIP) install -q -e ".[dev]"
 
 # From Debian (optional; needs root): Fashion-MNIST, and headless Chromium with its WebDriver for
-# the test that renders the HTML report in a browser. Tests that need them use them when present
+# the test that renders the HTML report in a browser and the console's tests (tests/serve/
+# test_console.py, which fail naming what is missing). Tests that need them use them when present
 # (under CI they never skip).
 data:
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \

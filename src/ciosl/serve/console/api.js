@@ -57,12 +57,13 @@ export function requestId() {
 }
 
 // The events stream of one learner: calls onEvent(name, data, id) for each event, reconnects
-// with Last-Event-ID after a drop (1 s, doubling to 15 s), until stop() is called.
+// with Last-Event-ID after a drop (1 s, doubling to 15 s; at once on reconnect()), until stop().
 export function streamEvents(name, { onEvent, onState }) {
   let lastId = null;
   let stopped = false;
   let controller = null;
   let delay = 1000;
+  let now = false; // reconnect() asked: no wait before the next try
 
   async function once() {
     controller = new AbortController();
@@ -128,12 +129,18 @@ export function streamEvents(name, { onEvent, onState }) {
         }
         onState("retry", `${oneLine(e.message)}; reconnecting in ${delay / 1000} s`);
       }
-      await new Promise((r) => setTimeout(r, delay));
-      delay = Math.min(delay * 2, 15000);
+      if (!now) {
+        await new Promise((r) => setTimeout(r, delay));
+        delay = Math.min(delay * 2, 15000);
+      }
+      now = false;
     }
   }
   loop();
-  return { stop() { stopped = true; if (controller) controller.abort(); } };
+  return {
+    stop() { stopped = true; if (controller) controller.abort(); },
+    reconnect() { now = true; if (controller) controller.abort(); },
+  };
 }
 
 // A .npy file (NumPy's format, versions 1-3): float32 or float64, little-endian, 1-d (one

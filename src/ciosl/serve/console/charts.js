@@ -73,10 +73,12 @@ export function drawLines(canvas, series, { yMax = null, unit = "" } = {}) {
     legendX += 24 + ctx.measureText(s.name).width;
     if (!s.points.length) return;
     ctx.strokeStyle = colour;
-    ctx.lineWidth = 2;
+    ctx.lineWidth = k ? 2 : 4; // the first under the second, both seen where they meet
+    ctx.setLineDash(k ? [6, 4] : []);
     ctx.beginPath();
     s.points.forEach(([t, v], i) => (i ? ctx.lineTo(x(t), y(v)) : ctx.moveTo(x(t), y(v))));
     ctx.stroke();
+    ctx.setLineDash([]);
     const [tl, vl] = s.points[s.points.length - 1];
     ctx.fillStyle = colour;
     ctx.beginPath();

@@ -68,7 +68,8 @@ async function describeServer() {
   }
   const h = state.health;
   const extractor = h.extractor ? `images through ${h.extractor}` : "features only (no extractor)";
-  say("where", `${location.host}: ${h.learners ?? "?"} learners, ${extractor}`);
+  const n = h.learners ?? "?";
+  say("where", `${location.host}: ${n} learner${n === 1 ? "" : "s"}, ${extractor}`);
   const withImages = Boolean(h.extractor);
   $("teach-noextractor").hidden = withImages;
   for (const id of ["teach-camera", "ask-camera"]) $(id).hidden = !withImages;
@@ -201,6 +202,7 @@ async function create(event) {
     $("create-name").value = "";
     await choose(made.name);
     await refreshLearners();
+    await describeServer();
   } catch (e) { fail("create-error", e); }
 }
 
@@ -473,6 +475,8 @@ function wire() {
   });
   dropZone("ask-drop", askFiles);
   window.addEventListener("resize", () => { if (!$("view-watch").hidden) redraw(); });
+  // the network is back (a phone, a laptop's lid): the stream is likely dead, read it again
+  window.addEventListener("online", () => { if (state.stream) state.stream.reconnect(); });
 }
 
 async function start() {
