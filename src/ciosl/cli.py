@@ -208,12 +208,14 @@ def build_parser() -> argparse.ArgumentParser:
                        "experiments at the cells' file names (default: refuse, naming the "
                        "difference)")
 
-    serve = sub.add_parser("serve", help="serve a learner over HTTP: it learns and answers at "
-                           "once, and keeps every acknowledged learn (docs/serve.md)")
-    serve.add_argument("--dir", required=True, help="folder of the learner's snapshot and "
-                       "write-ahead log; an existing one is resumed (required)")
-    serve.add_argument("--method", default=None, help="method name (see `ciosl methods`); "
-                       "required for a new --dir (default: the folder's)")
+    serve = sub.add_parser("serve", help="serve named learners over HTTP: they learn and answer "
+                           "at once, take feedback, and keep every acknowledged learn "
+                           "(docs/serve.md)")
+    serve.add_argument("--dir", required=True, help="folder of the learners (each with its "
+                       "snapshots and write-ahead log); an existing one is resumed (required)")
+    serve.add_argument("--method", default=None, help="method name (see `ciosl methods`): "
+                       "also make (or check) the learner 'default' served at /v1/learn... "
+                       "(default: none; create learners with POST /v1/learners)")
     serve.add_argument("--set", dest="settings", action="append", default=[],
                        metavar="NAME=VALUE", help="a method setting, repeatable (default: the "
                        "method's defaults; an existing --dir keeps its own)")
@@ -250,6 +252,15 @@ def build_parser() -> argparse.ArgumentParser:
                        help="idempotency ids remembered (the last N)")
     serve.add_argument("--id-window-bytes", type=int, default=64 << 20, metavar="B",
                        help="and at most B bytes of them (the snapshot's ids file)")
+    serve.add_argument("--feedback-window", type=int, default=10_000, metavar="N",
+                       help="predictions per learner whose features are kept for feedback "
+                       "(the last N; memory and disk: about N x width x 4 bytes)")
+    serve.add_argument("--max-loaded", type=int, default=256, metavar="N",
+                       help="learners loaded in memory at most (the least recently used "
+                       "unloaded first)")
+    serve.add_argument("--unload-after", type=float, default=600.0, metavar="S",
+                       help="unload a learner after S seconds without a request (reloaded on "
+                       "the next)")
     serve.add_argument("--threads", type=int, default=1, help="torch threads")
     serve.add_argument("--writer-nice", type=int, default=10, metavar="N",
                        help="nice value of the thread that applies learns (0..19; Linux): "
@@ -340,7 +351,9 @@ def main(argv: list[str] | None = None) -> int:
                                  header_timeout=args.header_timeout,
                                  max_connections=args.max_connections,
                                  id_window=args.id_window,
-                                 id_window_bytes=args.id_window_bytes)
+                                 id_window_bytes=args.id_window_bytes,
+                                 feedback_window=args.feedback_window,
+                                 max_loaded=args.max_loaded, unload_after=args.unload_after)
         elif args.command == "run":
             from ciosl.evaluation.experiment import (
                 ExperimentSpec,

@@ -112,10 +112,12 @@ def test_a_dead_writer_fails_health(tmp_path, monkeypatch):
     """Finding 13: health said ok while every learn hung behind a dead writer."""
     from ciosl.serve import service as sv
     from ciosl.serve.app import build_app
+    from ciosl.serve.hub import Hub
 
-    s = sv.Service(tmp_path, "ncm", None, warn=lambda line: None,
-                   options=sv.Options(snapshot_on_close=False, snapshot_seconds=0)).open()
-    app = build_app(s, TOKEN)
+    hub = Hub(tmp_path, sv.Options(snapshot_on_close=False, snapshot_seconds=0),
+              warn=lambda line: None).open("ncm")
+    s = hub._entries["default"].service
+    app = build_app(hub, TOKEN)
 
     async def talk():
         transport = httpx.ASGITransport(app=app)
@@ -128,7 +130,7 @@ def test_a_dead_writer_fails_health(tmp_path, monkeypatch):
             return ok, learn, dead
 
     ok, learn, dead = asyncio.run(talk())
-    s.close()
+    hub.close()
     assert ok.status_code == 200 and ok.json()["status"] == "ok"
     assert learn.status_code == 503 and "ZeroDivisionError" in learn.json()["error"]
     assert dead.status_code == 503 and dead.json()["status"] == "broken"

@@ -22,21 +22,17 @@ import time
 from typing import Any
 
 import numpy as np
-from prometheus_client import (
-    CONTENT_TYPE_LATEST,
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    Histogram,
-    generate_latest,
-)
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from ciosl.serve.events import frame, last_event_id
+from ciosl.serve.feedback import Gone
+from ciosl.serve.hub import DEFAULT, Hub, Unavailable
 from ciosl.serve.inputs import (  # noqa: F401 (Limits, Refused: this module's names too)
     ACCEPTED,
     JSON_TYPES,
@@ -45,58 +41,28 @@ from ciosl.serve.inputs import (  # noqa: F401 (Limits, Refused: this module's n
     Limits,
     Refused,
     binary,
+    feedback_body,
     header_text,
     labels,
     matrix,
     parse_json,
     rid,
 )
-from ciosl.serve.service import Service
-
-
-class Metrics:
-    """Prometheus metrics of one server (its own registry)."""
-
-    def __init__(self, service: Service):
-        r = self.registry = CollectorRegistry()
-        self.requests = Counter("ciosl_requests", "HTTP requests by endpoint and status",
-                                ["endpoint", "status"], registry=r)
-        self.latency = Histogram("ciosl_request_seconds", "request latency by endpoint",
-                                 ["endpoint"], registry=r,
-                                 buckets=(.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5,
-                                          1, 2.5, 5, 10))
-        self.learned = Counter("ciosl_samples_learned", "samples learned and acknowledged",
-                               registry=r)
-        self.fsync = Histogram("ciosl_log_fsync_seconds", "write + fsync of one group commit",
-                               registry=r, buckets=(.0001, .0005, .001, .0025, .005, .01, .025,
-                                                    .05, .1, .25, 1))
-        self.group = Histogram("ciosl_group_requests", "learn requests per group commit",
-                               registry=r, buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512))
-        Gauge("ciosl_snapshot_age_seconds", "seconds since the last snapshot",
-              registry=r).set_function(lambda: time.time() - service.snap_time)
-        Gauge("ciosl_classes", "classes learned", registry=r).set_function(
-            lambda: len(service.learner.classes_))
-        Gauge("ciosl_samples_seen", "samples the learner has seen", registry=r).set_function(
-            lambda: service.learner.n_seen_)
-        Gauge("ciosl_log_seq", "last acknowledged log record", registry=r).set_function(
-            lambda: service.seq)
-
-    def on_commit(self, seconds: float, requests: int, samples: int) -> None:
-        self.fsync.observe(seconds)
-        self.group.observe(requests)
-        self.learned.inc(samples)
+from ciosl.serve.metrics import Metrics
 
 
 class Api:
-    """The endpoints, bound to one ``Service``, token, limits and (optionally) an image
-    extractor."""
+    """The endpoints, bound to a ``Hub`` of learners, a token, limits and (optionally) an
+    image extractor (``extractor``: its name, for health)."""
 
-    def __init__(self, service: Service, token: str, limits: Limits, embedder=None):
-        self.service, self.token, self.limits, self.embedder = service, token, limits, embedder
-        self.metrics = Metrics(service)
+    def __init__(self, hub: Hub, token: str, limits: Limits, embedder=None,
+                 extractor: str | None = None):
+        self.hub, self.token, self.limits, self.embedder = hub, token, limits, embedder
+        self.extractor = extractor
+        self.metrics = Metrics(hub)
         self.inflight = 0  # bytes of request bodies held now (the event loop's thread only)
         self._big_json = threading.Lock()
-        service.on_commit = self.metrics.on_commit
+        hub.on_commit = self.metrics.on_commit
 
     # ------------------------------------------------------------------ plumbing
     def _authorised(self, request: Request) -> bool:
@@ -214,6 +180,8 @@ class Api:
                 status, body = await work(request, hold)
         except Refused as e:
             status, body, close = e.status, {"error": str(e)}, e.close
+        except Unavailable as e:  # no such learner, a bad name, one that cannot be loaded
+            status, body = e.status, {"error": str(e)}
         except ClientDisconnect:  # the client left mid-body: nobody to answer, nothing to say
             self.metrics.requests.labels(name, "disconnected").inc()
             return Response(status_code=400)
@@ -224,69 +192,256 @@ class Api:
         if isinstance(body, Response):
             return body
         headers = {"WWW-Authenticate": "Bearer"} if status == 401 else {}
+        if status == 201:
+            headers["Location"] = f"/v1/learners/{body.get('name')}"
         if close:  # a body left unread cannot be followed by another request
             headers["Connection"] = "close"
         return JSONResponse(body, status_code=status, headers=headers)
 
-    # ------------------------------------------------------------------ endpoints
-    async def learn(self, request: Request):
+    # ------------------------------------------------------------------ one learner's endpoints
+    async def _learner(self, request: Request, kind: str, fn):
+        """``fn(service, request, hold)`` on the learner named by the path (``default`` at the
+        old URLs), loaded and held for the call."""
+        name = request.path_params.get("name", DEFAULT)
+
         async def work(request, hold):
-            body = await self._body(request, hold)
-            x, y, rid = await run_in_threadpool(self._parse, body,
-                                                request.headers.get("content-type", ""),
-                                                request.headers, learn=True)
-            dim = self.service.learner.dim_
+            service = await run_in_threadpool(self.hub.acquire, name)
+            try:
+                return await fn(service, request, hold)
+            finally:
+                self.hub.release(name)
+        return await self._handle(kind, request, work)
+
+    async def _features(self, request: Request, hold: list[int], *, learn: bool) -> tuple:
+        body = await self._body(request, hold)
+        return await run_in_threadpool(self._parse, body, request.headers.get("content-type", ""),
+                                       request.headers, learn=learn)
+
+    async def learn(self, request: Request):
+        async def fn(service, request, hold):
+            t0 = time.perf_counter()
+            x, y, rid = await self._features(request, hold, learn=True)
+            dim = service.learner.dim_
             if dim is not None and x.shape[1] != dim:
                 raise Refused(422, f"x: width {x.shape[1]}, this learner's is {dim}")
-            answer = await asyncio.wrap_future(self.service.submit_learn(x, y, rid))
+            answer = await asyncio.wrap_future(service.submit_learn(x, y, rid))
+            if answer.status == 200:
+                service.rates.record("learn", time.perf_counter() - t0, answer.body["learned"])
             return answer.status, answer.body
-        return await self._handle("learn", request, work)
+        return await self._learner(request, "learn", fn)
 
     async def predict(self, request: Request):
-        async def work(request, hold):
-            body = await self._body(request, hold)
-            x, _, _ = await run_in_threadpool(self._parse, body,
-                                              request.headers.get("content-type", ""),
-                                              request.headers, learn=False)
+        async def fn(service, request, hold):
+            t0 = time.perf_counter()
+            x, _, _ = await self._features(request, hold, learn=False)
             try:
-                classes, P = await run_in_threadpool(self.service.predict_proba, x)
+                answer = await run_in_threadpool(service.predict, x)
             except LookupError as e:
                 raise Refused(409, str(e)) from None
             except (ValueError, TypeError) as e:
                 raise Refused(422, str(e).splitlines()[0]) from None
-            labels = [classes[i] for i in P.argmax(axis=1)]
-            return 200, {"classes": classes, "proba": P.tolist(), "label": labels}
-        return await self._handle("predict", request, work)
+            service.rates.record("predict", time.perf_counter() - t0, len(x))
+            return 200, answer
+        return await self._learner(request, "predict", fn)
+
+    async def feedback(self, request: Request):
+        async def fn(service, request, hold):
+            t0 = time.perf_counter()
+            body = await self._body(request, hold)
+            if _ctype(request) not in JSON_TYPES:
+                raise Refused(415, "feedback: a JSON body {\"prediction_id\", \"y\"}")
+            pids, y, single = feedback_body(body, self.limits)
+            kept = []
+            for i, pid in enumerate(pids):
+                try:
+                    kept.append(service.window.get(
+                        pid, "prediction_id" if single else f"prediction_id[{i}]"))
+                except ValueError as e:
+                    raise Refused(400, str(e)) from None
+                except Gone as e:
+                    raise Refused(e.status, str(e)) from None
+            dim = service.learner.dim_
+            if dim is not None and len(kept[0].x) != dim:
+                raise Refused(422, f"prediction_id: features of width {len(kept[0].x)}, this "
+                              f"learner's is {dim}")
+            answer = await asyncio.wrap_future(service.submit_feedback(pids, kept, y))
+            if answer.status == 200:
+                service.rates.record("learn", time.perf_counter() - t0, answer.body["learned"])
+            return answer.status, answer.body
+        return await self._learner(request, "feedback", fn)
 
     async def classes(self, request: Request):
-        async def work(request, hold):
-            return 200, {"classes": (await run_in_threadpool(self.service.state_classes))}
-        return await self._handle("classes", request, work)
+        async def fn(service, request, hold):
+            return 200, {"classes": (await run_in_threadpool(service.state_classes))}
+        return await self._learner(request, "classes", fn)
 
     async def state(self, request: Request):
-        async def work(request, hold):
-            return 200, await run_in_threadpool(self.service.state)
-        return await self._handle("state", request, work)
+        async def fn(service, request, hold):
+            return 200, await run_in_threadpool(service.state)
+        return await self._learner(request, "state", fn)
 
     async def snapshot(self, request: Request):
-        async def work(request, hold):
-            answer = await asyncio.wrap_future(self.service.submit_snapshot())
+        async def fn(service, request, hold):
+            answer = await asyncio.wrap_future(service.submit_snapshot())
             return answer.status, answer.body
-        return await self._handle("snapshot", request, work)
+        return await self._learner(request, "snapshot", fn)
 
+    async def live(self, request: Request):
+        async def fn(service, request, hold):
+            return 200, await run_in_threadpool(service.live)
+        return await self._learner(request, "learner_metrics", fn)
+
+    async def events(self, request: Request):
+        """Server-Sent Events; the learner stays loaded while someone listens."""
+        name = request.path_params.get("name", DEFAULT)
+
+        async def work(request, hold):
+            service = await run_in_threadpool(self.hub.acquire, name)
+            log = service.events
+            after = last_event_id(request.headers.get("last-event-id"))
+
+            async def stream():
+                nonlocal after
+                try:
+                    yield b": ciosl events\n\n"
+                    next_score = 0.0
+                    while True:
+                        now = time.monotonic()
+                        if now >= next_score:
+                            next_score = now + 1.0
+                            with service.score_lock:
+                                key = (service.seq, service.score.n)
+                            if log.score_due(key):
+                                log.add("score", await run_in_threadpool(service.live))
+                        for event in log.after(after):
+                            after = event[0]
+                            yield frame(*event)
+                        if await request.is_disconnected():
+                            return
+                        await asyncio.sleep(0.2)
+                finally:
+                    self.hub.release(name)
+
+            return 200, StreamingResponse(stream(), media_type="text/event-stream",
+                                          headers={"Cache-Control": "no-store",
+                                                   "X-Accel-Buffering": "no"})
+        return await self._handle("events", request, work)
+
+
+    # ------------------------------------------------------------------ the server's own
     async def health(self, request: Request):
         async def work(request, hold):
-            dead = self.service.dead()
-            if dead is not None:  # learning stopped: not healthy, whatever else answers
-                return 503, {"status": "broken", "error": dead, **self.service.status()}
-            return 200, {"status": "ok", **self.service.status()}
+            names = await run_in_threadpool(self.hub.names)
+            out = {"status": "ok", "learners": len(names), "loaded": self.hub.loaded(),
+                   "extractor": self.extractor}
+            if DEFAULT not in names:
+                return 200, out
+            service = await run_in_threadpool(self.hub.acquire, DEFAULT)
+            try:
+                dead = service.dead()
+                if dead is not None:  # learning stopped: not healthy, whatever else answers
+                    return 503, {**out, "status": "broken", "error": dead, **service.status()}
+                return 200, {**out, **service.status()}
+            finally:
+                self.hub.release(DEFAULT)
         return await self._handle("health", request, work, auth=False)
 
     async def metrics_endpoint(self, request: Request):
         async def work(request, hold):
-            return 200, Response(generate_latest(self.metrics.registry),
-                                 media_type=CONTENT_TYPE_LATEST)
+            text = await run_in_threadpool(generate_latest, self.metrics.registry)
+            return 200, Response(text, media_type=CONTENT_TYPE_LATEST)
         return await self._handle("metrics", request, work)
+
+    async def methods(self, request: Request):
+        async def work(request, hold):
+            return 200, {"methods": await run_in_threadpool(methods_catalogue)}
+        return await self._handle("methods", request, work)
+
+    async def list_learners(self, request: Request):
+        def rows():
+            out = []
+            for name in self.hub.names():
+                with contextlib.suppress(OSError, ValueError):  # deleted meanwhile
+                    row = self.hub.row(name)
+                    out.append({k: row[k] for k in ("name", "method", "seen", "classes", "seq",
+                                                    "loaded", "accuracy")})
+            return out
+
+        async def work(request, hold):
+            return 200, {"learners": await run_in_threadpool(rows)}
+        return await self._handle("learners", request, work)
+
+    async def create_learner(self, request: Request):
+        async def work(request, hold):
+            body = await self._body(request, hold)
+            if _ctype(request) not in JSON_TYPES:
+                raise Refused(415, "a new learner is a JSON body {\"name\", \"method\", "
+                              "\"settings\"}")
+            doc = learner_body(body)
+            row = await run_in_threadpool(self.hub.create, doc.get("name"), doc.get("method"),
+                                          doc.get("settings"))
+            return 201, row
+        return await self._handle("learners", request, work)
+
+    async def one_learner(self, request: Request):
+        name = request.path_params["name"]
+
+        async def work(request, hold):
+            service = await run_in_threadpool(self.hub.acquire, name)
+            try:
+                row = self.hub.row(name)
+                return 200, {**row, "settings": service.settings,
+                             "classes_list": await run_in_threadpool(service.state_classes)}
+            finally:
+                self.hub.release(name)
+        return await self._handle("learner", request, work)
+
+    async def delete_learner(self, request: Request):
+        name = request.path_params["name"]
+
+        async def work(request, hold):
+            return 200, await run_in_threadpool(self.hub.delete, name,
+                                                request.query_params.get("confirm"))
+        return await self._handle("learner", request, work)
+
+
+def learner_body(body: bytes) -> dict:
+    try:
+        doc = json.loads(body or b"{}")
+    except ValueError as e:
+        raise Refused(400, f"body: not valid JSON ({str(e).splitlines()[0]})") from None
+    if not isinstance(doc, dict):
+        raise Refused(400, "body: expected a JSON object {\"name\", \"method\", \"settings\"}")
+    unknown = sorted(set(doc) - {"name", "method", "settings"})
+    if unknown:
+        raise Refused(400, f"unknown field(s) {', '.join(map(repr, unknown))[:200]}; allowed: "
+                      "method, name, settings")
+    return doc
+
+
+_TYPES = {int: "int", float: "float", bool: "bool", str: "str", tuple: "list"}
+
+
+def methods_catalogue() -> list[dict]:
+    """What ``ciosl methods`` and ``ciosl methods NAME`` print, as JSON."""
+    from ciosl.learners import available_methods
+    from ciosl.learners.settings import plain
+
+    out = []
+    for name, cls in available_methods().items():
+        settings = [{"name": s.name, "default": _jsonable(plain(s.default)), "help": s.help,
+                     "type": _TYPES.get(s.type, getattr(s.type, "__name__", str(s.type)))}
+                    for s in cls.settings()]
+        out.append({"name": name, "description": cls.description, "settings": settings})
+    return out
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return [_jsonable(v) for v in value]
+    if value is None or isinstance(value, bool | int | float | str | list):
+        return value
+    return str(value)
 
 
 def _ctype(request: Request) -> str:
@@ -301,26 +456,38 @@ def _trim() -> None:
         pass
 
 
-def build_app(service: Service, token: str, limits: Limits | None = None,
-              embedder=None) -> Starlette:
-    api = Api(service, token, limits or Limits(), embedder)
-    routes = [
-        Route("/v1/learn", api.learn, methods=["POST"]),
-        Route("/v1/predict", api.predict, methods=["POST"]),
-        Route("/v1/classes", api.classes, methods=["GET"]),
-        Route("/v1/state", api.state, methods=["GET"]),
-        Route("/v1/snapshot", api.snapshot, methods=["POST"]),
-        Route("/v1/health", api.health, methods=["GET"]),
-        Route("/metrics", api.metrics_endpoint, methods=["GET"]),
-    ]
-    paths = ", ".join(f"{'/'.join(sorted(r.methods - {'HEAD'}))} {r.path}" for r in routes)
+def build_app(hub: Hub, token: str, limits: Limits | None = None, embedder=None,
+              extractor: str | None = None) -> Starlette:
+    api = Api(hub, token, limits or Limits(), embedder, extractor)
+    per_learner = [("learn", api.learn, "POST"), ("predict", api.predict, "POST"),
+                   ("feedback", api.feedback, "POST"), ("classes", api.classes, "GET"),
+                   ("state", api.state, "GET"), ("snapshot", api.snapshot, "POST"),
+                   ("metrics", api.live, "GET"), ("events", api.events, "GET")]
+    routes = [Route("/v1/health", api.health, methods=["GET"]),
+              Route("/v1/methods", api.methods, methods=["GET"]),
+              Route("/v1/learners", api.list_learners, methods=["GET"]),
+              Route("/v1/learners", api.create_learner, methods=["POST"]),
+              Route("/v1/learners/{name}", api.one_learner, methods=["GET"]),
+              Route("/v1/learners/{name}", api.delete_learner, methods=["DELETE"])]
+    for what, endpoint, method in per_learner:
+        routes.append(Route(f"/v1/learners/{{name}}/{what}", endpoint, methods=[method]))
+        if what not in ("metrics", "feedback", "events"):  # today's URLs: the learner default
+            routes.append(Route(f"/v1/{what}", endpoint, methods=[method]))
+    routes.append(Route("/metrics", api.metrics_endpoint, methods=["GET"]))
+    with contextlib.suppress(ImportError):  # the page (console/), when present
+        from ciosl.serve.console import console_routes
+
+        routes += console_routes()
+    paths = ", ".join(sorted({f"{'/'.join(sorted(r.methods - {'HEAD'}))} {r.path}"
+                              for r in routes if r.path.startswith("/v1/learn")})[:6])
 
     async def no_route(request: Request, exc: HTTPException):
         # one JSON line, and never a redirect: a slash added would send the client to the
         # Host header it gave (reflected), so a path is either served or refused
         what = "no endpoint" if exc.status_code == 404 else "method not allowed:"
         return JSONResponse({"error": f"{what} {request.method} {request.url.path[:80]}; "
-                             f"endpoints: {paths}"}, status_code=exc.status_code)
+                             f"endpoints: {paths}, ... (docs/serve.md)"},
+                            status_code=exc.status_code)
 
     app = Starlette(routes=routes, exception_handlers={404: no_route, 405: no_route})
     app.router.redirect_slashes = False

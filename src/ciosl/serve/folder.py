@@ -17,7 +17,9 @@ FORMAT = "ciosl-serve"
 VERSION = 1
 META = "ciosl-serve.json"
 POINTER = "snapshot.json"
-KNOWN = {META, POINTER, "snapshots", "log", "token", ".lock"}
+KNOWN = {META, POINTER, "snapshots", "log", "token", ".lock", "predictions.bin"}
+# what a root of many learners holds besides them (hub.py): never "other files"
+HUB_ENTRIES = {"learners", ".trash", ".hub.lock"}
 
 
 class ServeError(ValueError):
@@ -44,7 +46,8 @@ def check_place(folder: str | Path) -> Path:
     if f.exists() and not f.is_dir():
         raise ServeError(f"--dir {f}: not a folder")
     if f.is_dir() and not (f / META).exists():
-        others = sorted(p.name for p in f.iterdir() if p.name not in {".lock", "token"})
+        others = sorted(p.name for p in f.iterdir()
+                        if p.name not in {".lock", "token", *HUB_ENTRIES})
         if others:
             raise ServeError(f"--dir {f}: not a ciosl serve folder (no {META}; it holds "
                              f"{', '.join(others[:3])}{'...' if len(others) > 3 else ''})")

@@ -163,3 +163,41 @@ def binary(body: bytes, ctype: str, headers, limits: Limits) -> np.ndarray:
         raise Refused(400, f"body: {len(body)} bytes, X-Ciosl-Shape {n},{d} needs "
                       f"{n * d * 4} (float32)")
     return checked(np.frombuffer(body, dtype="<f4").reshape(n, d), "x", limits)
+
+
+def feedback_body(body: bytes, limits: Limits) -> tuple[list[str], list, bool]:
+    """(prediction ids, labels, whether one was given alone) of a feedback body
+    ``{"prediction_id": ID, "y": LABEL}`` or ``{"prediction_id": [...], "y": [...]}``."""
+    try:
+        doc = json.loads(body, parse_constant=_reject_constant)
+    except (ValueError, RecursionError) as e:
+        raise Refused(400, f"body: not valid JSON ({str(e).splitlines()[0]})") from None
+    if not isinstance(doc, dict):
+        raise Refused(400, "body: expected a JSON object")
+    unknown = sorted(set(doc) - {"prediction_id", "y"})
+    if unknown:
+        raise Refused(400, f"unknown field(s) {', '.join(map(repr, unknown))[:200]}; allowed: "
+                      "prediction_id, y")
+    for key in ("prediction_id", "y"):
+        if key not in doc:
+            raise Refused(400, f"{key}: missing (feedback is {{\"prediction_id\": ID, \"y\": "
+                          "LABEL}, or lists of both)")
+    pids, y = doc["prediction_id"], doc["y"]
+    single = not isinstance(pids, list)
+    if single:
+        if isinstance(y, list):
+            raise Refused(400, "y: one label for one prediction_id (or lists of both)")
+        pids, y = [pids], [y]
+    if not pids:
+        raise Refused(400, "prediction_id: an empty list")
+    if len(pids) > limits.max_rows:
+        raise Refused(413, f"prediction_id: {len(pids)}, at most {limits.max_rows} per request")
+    for i, pid in enumerate(pids):
+        if not isinstance(pid, str):
+            where = "prediction_id" if single else f"prediction_id[{i}]"
+            raise Refused(400, f"{where}: expected a prediction id such as 'p-12'")
+    try:
+        y = labels(y, len(pids), limits)
+    except Refused as e:
+        raise Refused(e.status, str(e).replace("y[0]", "y", 1) if single else str(e)) from None
+    return pids, y, single

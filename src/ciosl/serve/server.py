@@ -1,5 +1,6 @@
-"""``ciosl serve``: recover the folder's learner, then run the API under uvicorn until SIGINT or
-SIGTERM; on a clean stop the queued learns are applied and a last snapshot is taken."""
+"""``ciosl serve``: open the folder of learners (``hub.py``), then run the API under uvicorn until
+SIGINT or SIGTERM; on a clean stop every loaded learner applies its queued learns and takes a
+last snapshot."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from pathlib import Path
 from ciosl.fileio import dangling_text, read_text
 from ciosl.serve.app import Limits, build_app
 from ciosl.serve.guard import Guard, open_files_limit
-from ciosl.serve.service import Options, ServeError, Service, settings_for
+from ciosl.serve.hub import DEFAULT, Hub
+from ciosl.serve.service import Options, ServeError, settings_for
 
 MIN_TOKEN = 16
 
@@ -96,7 +98,8 @@ def serve(folder: str, method: str | None, overrides: dict[str, str], *,
           host: str = "127.0.0.1", port: int = 8000, token_file: str | None = None,
           extractor: str | None = None, options: Options | None = None,
           limits: Limits | None = None, max_connections: int = 1000,
-          header_timeout: float = 30.0) -> int:
+          header_timeout: float = 30.0, max_loaded: int = 256,
+          unload_after: float = 600.0) -> int:
     import uvicorn
 
     settings = None
@@ -121,10 +124,11 @@ def serve(folder: str, method: str | None, overrides: dict[str, str], *,
         except BaseException:
             sock.close()
             raise
-    service = Service(folder, method, settings, options=options).open()
+    hub = Hub(folder, options, max_loaded=max_loaded, unload_after=unload_after).open(
+        method, settings)
     try:
         token, where = early or resolve_token(token_file, Path(folder))
-        app = build_app(service, token, limits, embedder)
+        app = build_app(hub, token, limits, embedder, extractor)
         guard = Guard(max_connections, header_timeout)
         config = uvicorn.Config(app, log_level="warning", access_log=False,
                                 timeout_graceful_shutdown=30, http=guard.protocol(),
@@ -132,10 +136,19 @@ def serve(folder: str, method: str | None, overrides: dict[str, str], *,
                                 h11_max_incomplete_event_size=64 * 1024)
         server = uvicorn.Server(config)
         addr = sock.getsockname()
-        s = service.status()
-        print(f"ciosl serve: {s['method']} on {url_of(host, addr[1])} (seen {s['seen']}, "
-              f"{s['classes']} classes, {service.recovered} log records replayed in "
-              f"{service.recovery_seconds:.2f} s); token: {where}", flush=True)
+        names = hub.names()
+        entry = hub._entries.get(DEFAULT)
+        if entry is not None and entry.service is not None:
+            service = entry.service
+            s = service.status()
+            what = (f"{s['method']} on {url_of(host, addr[1])} (seen {s['seen']}, "
+                    f"{s['classes']} classes, {service.recovered} log records replayed in "
+                    f"{service.recovery_seconds:.2f} s)")
+        else:
+            what = f"on {url_of(host, addr[1])}"
+        print(f"ciosl serve: {what}; {len(names)} learner(s), loaded on demand and unloaded "
+              f"after {unload_after:g} s idle (at most {max_loaded} loaded); token: {where}",
+              flush=True)
         if host not in ("127.0.0.1", "::1", "localhost"):
             print(f"ciosl serve: warning: --host {host} listens beyond this machine, over "
                   "plain HTTP; the token guards every endpoint but /v1/health (put TLS in "
@@ -151,7 +164,7 @@ def serve(folder: str, method: str | None, overrides: dict[str, str], *,
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
     finally:
-        service.close()
+        hub.close()
         sock.close()
     print("ciosl serve: stopped; every acknowledged learn is in the snapshot or the log",
           file=sys.stderr, flush=True)
@@ -163,22 +176,27 @@ def serve_command(folder: str, method: str | None, overrides: dict[str, str], *,
                   writer_nice: int = 10, max_json_body: int = 16 << 20,
                   max_pixels: int = 64 << 20, body_timeout: float = 30.0,
                   header_timeout: float = 30.0, max_connections: int = 1000,
-                  id_window: int = 1_000_000, id_window_bytes: int = 64 << 20, **kw) -> int:
+                  id_window: int = 1_000_000, id_window_bytes: int = 64 << 20,
+                  feedback_window: int = 10_000, max_loaded: int = 256,
+                  unload_after: float = 600.0, **kw) -> int:
     """``ciosl serve``'s flags, checked (each named, in one line), then ``serve``."""
     options = Options(snapshot_every=snapshot_every, snapshot_seconds=snapshot_seconds,
                       writer_nice=writer_nice, id_window=id_window,
-                      id_window_bytes=id_window_bytes)
+                      id_window_bytes=id_window_bytes, feedback_window=feedback_window)
     for flag, value, lo, hi in (("--max-batch", max_batch, 1, 1 << 20),
                                 ("--max-body", max_body, 1024, 1 << 32),
                                 ("--max-json-body", max_json_body, 1024, 1 << 30),
                                 ("--max-pixels", max_pixels, 1, 1 << 32),
                                 ("--max-connections", max_connections, 1, 1 << 20),
+                                ("--max-loaded", max_loaded, 1, 1 << 20),
+                                ("--unload-after", unload_after, 0.1, 30 * 86400),
                                 ("--body-timeout", body_timeout, 0.1, 3600),
                                 ("--header-timeout", header_timeout, 0.1, 3600)):
         if not (math.isfinite(value) and lo <= value <= hi):
             raise ServeError(f"{flag} must be in {lo}..{hi}, got {value}")
     return serve(folder, method, overrides, options=options, max_connections=max_connections,
-                 header_timeout=header_timeout,
+                 header_timeout=header_timeout, max_loaded=max_loaded,
+                 unload_after=unload_after,
                  limits=Limits(max_body=max_body, max_rows=max_batch,
                                max_json_body=min(max_json_body, max_body),
                                max_pixels=max_pixels, body_seconds=body_timeout,

@@ -4,10 +4,11 @@ The folder (``DIR``) holds ``ciosl-serve.json`` (method, settings), ``snapshot.j
 snapshot is current and the sequence number it ends at), ``snapshots/`` (learner files and the
 idempotency ids they cover), ``log/`` (the segments of ``wal``), ``token`` and ``.lock``.
 
-The rule: one writer thread takes learn requests in arrival order and applies each to the
-learner (all-or-nothing: a request that raises changes nothing and is not logged); a syncer
-thread appends the records of every group waiting as one write, fsyncs once (group commit) and
-only then acknowledges them, while the writer applies the next group. Recovery is the current snapshot plus the log records after it; a snapshot is written
+The rule: one writer thread takes learn (and feedback) requests in arrival order and applies
+each to the learner (all-or-nothing: a request that raises changes nothing and is not logged); a
+syncer thread appends the records of every group waiting as one write, fsyncs once (group
+commit) and only then acknowledges them, while the writer applies the next group. Recovery is
+the current snapshot plus the log records after it; a snapshot is written
 atomically and the log segments it covers are deleted only after it is current. A request whose
 id was acknowledged before (within the last ``id_window`` ids) is answered as a duplicate and
 learns nothing.
@@ -17,28 +18,33 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
-import json
-import math
 import os
 import queue
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-from ciosl.errors import LearnerError
 from ciosl.fileio import atomic_write_json, load_json
 from ciosl.learners.base import Learner, lock_of
 from ciosl.learners.registry import get_method
-from ciosl.learners.settings import parse_value, plain
 from ciosl.serial import digest
 from ciosl.serve import folder as folder_mod
 from ciosl.serve import ids as ids_mod
 from ciosl.serve import wal
+from ciosl.serve.common import (  # noqa: F401 (the names this module always offered)
+    MAX_SECONDS,
+    Options,
+    _one_line,
+    _stderr,
+    bad_text,
+    log_ids,
+    settings_for,
+)
+from ciosl.serve.events import EventLog
+from ciosl.serve.feedback import Kept, PredictionWindow, novelty_of
 from ciosl.serve.folder import (  # noqa: F401 (the names this module always offered)
     FORMAT,
     KNOWN,
@@ -47,37 +53,7 @@ from ciosl.serve.folder import (  # noqa: F401 (the names this module always off
     VERSION,
     ServeError,
 )
-
-MAX_SECONDS = 30 * 86400  # a time setting above this is a mistake (and overflows a wait)
-
-
-@dataclass
-class Options:
-    snapshot_every: int = 100_000  # samples learned between two snapshots (0: never by count)
-    snapshot_seconds: float = 300.0  # seconds between two snapshots when there is news (0: never)
-    id_window: int = 1_000_000  # how many of the last idempotency ids are remembered
-    id_window_bytes: int = 64 * 2**20  # and at most this many bytes of them (the ids file)
-    max_group: int = 512  # requests in one group commit at most
-    snapshot_on_close: bool = True
-    # the writer thread's nice value (Linux: per thread): under load the scheduler gives the
-    # CPU to the threads that answer first, so learning slows down before answers do
-    writer_nice: int = 10
-
-    def __post_init__(self) -> None:
-        """Each value checked, its flag named (one line): a bad one fails at start, never in
-        the writer thread later."""
-        if not (isinstance(self.snapshot_every, int) and self.snapshot_every >= 0):
-            raise ServeError(f"--snapshot-every must be >= 0, got {self.snapshot_every}")
-        t = self.snapshot_seconds
-        if not (isinstance(t, int | float) and math.isfinite(t) and 0 <= t <= MAX_SECONDS):
-            raise ServeError(f"--snapshot-seconds must be a number in 0..{MAX_SECONDS}, got {t}")
-        if not 1 <= self.id_window <= 100_000_000:
-            raise ServeError(f"--id-window must be in 1..100000000, got {self.id_window}")
-        if not 1 << 16 <= self.id_window_bytes <= ids_mod.MAX_WINDOW_BYTES:
-            raise ServeError(f"--id-window-bytes must be in {1 << 16}.."
-                             f"{ids_mod.MAX_WINDOW_BYTES}, got {self.id_window_bytes}")
-        if not 0 <= self.writer_nice <= 19:
-            raise ServeError(f"--writer-nice must be in 0..19, got {self.writer_nice}")
+from ciosl.serve.score import LiveScore, Rates, same
 
 
 @dataclass
@@ -90,24 +66,13 @@ class Answer:
 
 @dataclass
 class _Job:
-    kind: str  # "learn", "snapshot", "stop"
+    kind: str  # "learn", "feedback", "snapshot", "stop"
     x: np.ndarray | None = None
     y: list | None = None
     rid: str | None = None
+    pids: list | None = None  # feedback: the prediction ids, and the rows kept for them
+    kept: list | None = None
     future: cf.Future = field(default_factory=cf.Future)
-
-
-def settings_for(method: str, overrides: dict[str, str]) -> dict[str, Any]:
-    """The settings of ``--method`` with ``--set NAME=VALUE`` parsed by each setting's type and
-    checked by the constructor."""
-    cls = get_method(method)
-    known = {s.name: s for s in cls.settings()}
-    unknown = sorted(set(overrides) - set(known))
-    if unknown:
-        raise ServeError(f"--set: unknown setting(s) {', '.join(unknown)} for method "
-                         f"{cls.name!r}; valid settings: {', '.join(sorted(known))}")
-    values = {k: parse_value(known[k], v) for k, v in overrides.items()}
-    return plain(cls(**values).get_params())
 
 
 def _apply(learner: Learner, x: np.ndarray, y: list) -> None:
@@ -121,24 +86,12 @@ def _apply(learner: Learner, x: np.ndarray, y: list) -> None:
         learner.learn_many(x, y)
 
 
-def bad_text(y: list, rid: str | None) -> str | None:
-    """What is not valid Unicode text among the labels and the id (a lone surrogate such as
-    ``"\\ud800"`` is valid JSON but no text: no file or answer could hold it), or None."""
-    for name, v in [*((f"y[{i}]", lab) for i, lab in enumerate(y)), ("id", rid)]:
-        if isinstance(v, str):
-            try:
-                v.encode("utf-8")
-            except UnicodeEncodeError as e:
-                return (f"{name}: not valid Unicode text (a lone surrogate "
-                        f"U+{ord(v[e.start]):04X} at character {e.start})")
-    return None
-
-
 class Service:
     """One learner served from ``folder``. ``open()`` recovers it and starts the writer."""
 
     def __init__(self, folder: str | Path, method: str | None, settings: dict | None = None,
-                 *, options: Options | None = None, on_commit=None, warn=None):
+                 *, options: Options | None = None, on_commit=None, warn=None,
+                 events: EventLog | None = None):
         folder_mod.check_name(folder)
         self.folder = Path(folder)
         self.method, self.settings = method, settings
@@ -161,6 +114,11 @@ class Service:
         self._lock_fd = -1
         self._segment: wal.Segment | None = None
         self._since_snapshot = 0
+        self.score = LiveScore(self.options.feedback_window)  # the live score (score.py)
+        self.score_lock = threading.Lock()
+        self.window: PredictionWindow | None = None  # the last predictions (feedback.py)
+        self.events = events if events is not None else EventLog()
+        self.rates = Rates()
 
     # ------------------------------------------------------------------ folder
     def open(self) -> Service:
@@ -168,6 +126,7 @@ class Service:
         self._claim_folder()
         try:
             self._recover()
+            self.window = PredictionWindow(self.folder, self.options.feedback_window)
         except BaseException:
             self._release()
             raise
@@ -203,6 +162,10 @@ class Service:
                 snap_seq, file, ids_file = int(p["seq"]), str(p["file"]), str(p["ids"])
                 self.learner = Learner.load(f / "snapshots" / file)
                 ids = ids_mod.read_ids(f / "snapshots" / ids_file)
+                if "score" in p:  # written since the live score exists
+                    self.score = LiveScore.from_state(load_json(
+                        f / "snapshots" / str(p["score"]), "score file"),
+                        self.options.feedback_window)
             except (ValueError, KeyError, TypeError, OSError) as e:
                 raise ServeError(f"--dir {f}: its snapshot cannot be read ({e}); the folder is "
                                  "damaged") from None
@@ -227,6 +190,7 @@ class Service:
                     raise ServeError(f"--dir {f}: record {rec.seq} of the log does not apply "
                                      f"again ({type(e).__name__}: {e})") from None
                 self._remember(rec.id, rec.seq)
+                self._account(rec.y, rec.fb, rec.seq)
                 self.seq, self.recovered = rec.seq, self.recovered + 1
         except wal.LogDamaged as e:
             raise ServeError(f"--dir {f}: {e}; refusing to start (the log is never cut in the "
@@ -248,9 +212,23 @@ class Service:
     def _remember(self, rid: str | None, seq: int) -> None:
         self.ids.add(rid, seq)
 
+    def _account(self, y: list, fb: list | None, seq: int) -> None:
+        """A record's part in the live score (its feedback rows scored, its labels counted)
+        and its prediction ids remembered: the same calls live and in recovery."""
+        with self.score_lock:
+            for row, lab in zip(fb or (), y, strict=False):
+                self.score.scored(lab, row[1], row[2], row[3], row[4])
+            self.score.learned(y)
+        for row in fb or ():
+            self.ids.add(f"fb:{row[0]}", seq)
+
     # ------------------------------------------------------------------ requests
     def submit_learn(self, x: np.ndarray, y: list, rid: str | None) -> cf.Future:
         return self._submit(_Job("learn", x, y, rid))
+
+    def submit_feedback(self, pids: list[str], kept: list[Kept], y: list) -> cf.Future:
+        x = np.stack([k.x for k in kept]).astype(np.float32)
+        return self._submit(_Job("feedback", x, y, None, pids, kept))
 
     def submit_snapshot(self) -> cf.Future:
         return self._submit(_Job("snapshot"))
@@ -274,17 +252,38 @@ class Service:
                 return f"the {what} thread stopped; restart the server to recover"
         return None
 
-    def predict_proba(self, X: np.ndarray) -> tuple[list, np.ndarray]:
-        """The classes and the probabilities of ``X``, from one state of the learner: its last
-        published state where it has one (no wait for a learn step), else under its lock."""
+    def predict(self, X: np.ndarray) -> dict:
+        """The answer to ``X`` from one state of the learner: its last published state where
+        it has one (no wait for a learn step), else under its lock; with a prediction id, a novelty score and a novel flag per row; the rows are kept in the
+        prediction window (for feedback) before the answer is given."""
         learner = self.learner
         view = learner.published()
         if view is not None:
-            return list(view.classes_), view.predict_proba(X)
-        with lock_of(learner):
-            if not learner.classes_:
-                raise LookupError("nothing learned yet: predict needs at least one class")
-            return list(learner.classes_), learner.predict_proba(X)
+            seq, classes = self.seq, list(view.classes_)
+            P = view.predict_proba(X)
+            novelty = novelty_of(view, X, P)
+        else:
+            with lock_of(learner):
+                if not learner.classes_:
+                    raise LookupError("nothing learned yet: predict needs at least one class")
+                seq, classes = self.seq, list(learner.classes_)
+                P = learner.predict_proba(X)
+                novelty = novelty_of(learner, X, P)
+        labels = [classes[i] for i in P.argmax(axis=1)]
+        with self.score_lock:
+            threshold = self.score.threshold()
+        novel = [threshold is not None and float(v) > threshold for v in novelty]
+        pids = self.window.add(X, labels, novelty, len(classes), novel)
+        return {"classes": classes, "proba": P.tolist(), "label": labels,
+                "prediction_id": pids, "novelty": novelty.tolist(), "novel": novel, "seq": seq}
+
+    def live(self) -> dict:
+        """The live score (``score.py``) with the rates, the samples seen and the classes."""
+        with self.score_lock:
+            out = self.score.figures()
+        st = self.status()
+        return {**out, "rates": self.rates.figures(), "seen": st["seen"], "seq": self.seq,
+                "classes": self.state_classes()}
 
     def status(self) -> dict:
         learner = self.learner
@@ -326,6 +325,8 @@ class Service:
             self._syncer.join()
         if self._segment is not None:
             self._segment.close()
+        if self.window is not None:
+            self.window.close()
         self._release()
 
     # ------------------------------------------------------------------ the writer
@@ -372,7 +373,7 @@ class Service:
                     jobs.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
-            self._learn_group([j for j in jobs if j.kind == "learn"])
+            self._learn_group([j for j in jobs if j.kind in WRITES])
             stop = False
             for job in jobs:
                 if job.kind == "snapshot":
@@ -391,7 +392,7 @@ class Service:
                 rest.append(self._queue.get_nowait())
             except queue.Empty:
                 break
-        self._learn_group([j for j in rest if j.kind == "learn"])
+        self._learn_group([j for j in rest if j.kind in WRITES])
         for job in rest:
             if job.kind == "snapshot":
                 self._snapshot_job(job)
@@ -412,21 +413,30 @@ class Service:
         learner = self.learner
         blobs: list[bytes] = []
         acks: list[tuple[_Job, Answer]] = []
+        events: list[tuple[str, dict]] = []
         samples = 0
         for job in jobs:
             if self.broken is not None:
                 job.future.set_result(Answer(503, {"error": self.broken}))
                 continue
-            if job.rid is not None and job.rid in self.ids:  # acknowledged, or about to be
+            if job.kind == "feedback":
+                x, y, fb, extra = self._fresh_rows(job)
+                if not y:  # every prediction id corrected before
+                    acks.append((job, Answer(200, {"learned": 0, **extra, "seq": self.seq})))
+                    continue
+            elif job.rid is not None and job.rid in self.ids:  # acknowledged, or about to be
                 acks.append((job, Answer(200, {"learned": 0, "duplicate": True,
                                                "seq": self.ids.seq_of(job.rid)})))
                 continue
-            bad = bad_text(job.y, job.rid)
+            else:
+                x, y, fb, extra = job.x, job.y, None, {"duplicate": False}
+            bad = bad_text(y, job.rid)
             if bad is not None:  # before the learner or the log see it
                 job.future.set_result(Answer(400, {"error": bad}))
                 continue
+            before = len(learner.classes_)
             try:
-                _apply(learner, job.x, job.y)
+                _apply(learner, x, y)
             except (ValueError, TypeError) as e:
                 job.future.set_result(Answer(422, {"error": _one_line(e)}))
                 continue
@@ -434,14 +444,37 @@ class Service:
                 job.future.set_result(Answer(500, {"error": _one_line(e)}))
                 continue
             self.seq += 1
-            blobs.append(wal.encode(self.seq, job.x, job.y, job.rid))
+            blobs.append(wal.encode(self.seq, x, y, job.rid, fb))
             self._remember(job.rid, self.seq)  # a retry queued behind it is its duplicate
-            samples += len(job.y)
-            acks.append((job, Answer(200, {"learned": len(job.y), "duplicate": False,
-                                           "seq": self.seq, "seen": int(learner.n_seen_)})))
+            self._account(y, fb, self.seq)
+            samples += len(y)
+            seen = int(learner.n_seen_)
+            acks.append((job, Answer(200, {"learned": len(y), **extra, "seq": self.seq,
+                                           "seen": seen})))
+            events.append(("learn", {"learned": len(y), "seen": seen, "seq": self.seq}))
+            events.extend(("class", {"label": lab}) for lab in learner.classes_[before:])
+            events.extend(("feedback", {"prediction_id": row[0], "y": lab, "answered": row[1],
+                                        "correct": same(row[1], lab)})
+                          for row, lab in zip(fb or (), y, strict=False))
         self._since_snapshot += samples
         if acks:
-            self._sync_queue.put((blobs, acks, samples))
+            self._sync_queue.put((blobs, acks, samples, events))
+
+    def _fresh_rows(self, job: _Job) -> tuple:
+        """A feedback request's rows whose prediction id was never corrected (x, y, the
+        record's ``fb`` rows) and its answer's ``duplicate`` and ``correct`` lists."""
+        classes, taken = self.learner.classes_, set()
+        keep, dup = [], []
+        for i, pid in enumerate(job.pids):
+            dup.append(f"fb:{pid}" in self.ids or pid in taken)
+            taken.add(pid)
+            if not dup[-1]:
+                keep.append(i)
+        fb = [[job.pids[i], job.kept[i].answered, job.kept[i].novelty,
+               job.y[i] not in classes[:job.kept[i].known], job.kept[i].novel] for i in keep]
+        correct = [same(k.answered, lab) for k, lab in zip(job.kept, job.y, strict=True)]
+        return (job.x[keep], [job.y[i] for i in keep], fb,
+                {"duplicate": dup, "correct": correct})
 
     def _sync(self) -> None:
         """The syncer: writes the records of every group waiting, fsyncs once, then
@@ -469,6 +502,9 @@ class Service:
                     self.broken = (f"cannot write the log {self._segment.path} ({why}); "
                                    "restart the server to recover")
                 else:
+                    for g in groups:
+                        for name, data in g[3]:
+                            self.events.add(name, data)
                     if self.on_commit is not None:
                         with contextlib.suppress(Exception):  # metrics: never the syncer's end
                             self.on_commit(time.perf_counter() - t0, len(blobs),
@@ -519,12 +555,20 @@ class Service:
         name, ids_name = f"learner-{s:012d}.ciosl", f"ids-{s:012d}.json"
         self.learner.save(snaps / name)
         self.ids.write(snaps / ids_name)
+        score_name = f"score-{s:012d}.json"
+        with self.score_lock:
+            atomic_write_json(snaps / score_name, self.score.state())
+            figures = self.score.figures()
         wal.fsync_dir(snaps)
-        atomic_write_json(f / POINTER, {"seq": s, "file": name, "ids": ids_name,
-                                        "seen": int(self.learner.n_seen_), "time": time.time()})
+        self.window.sync()
+        atomic_write_json(f / POINTER, {
+            "seq": s, "file": name, "ids": ids_name, "score": score_name,
+            "seen": int(self.learner.n_seen_), "time": time.time(),
+            "classes": len(self.learner.classes_), "feedback": figures["feedback"],
+            "accuracy": figures["accuracy"]})
         wal.fsync_dir(f)
         for p in snaps.iterdir():
-            if p.name not in (name, ids_name):
+            if p.name not in (name, ids_name, score_name):
                 p.unlink(missing_ok=True)
         for base, p in wal.segments(f / "log"):
             if base < s:
@@ -534,6 +578,9 @@ class Service:
                 "seconds": round(time.perf_counter() - t0, 6)}
 
 
+WRITES = ("learn", "feedback")  # the jobs that write a record
+
+
 def _answer(job: _Job, answer: Answer) -> None:
     """Answer ``job`` unless it is answered already (a dead writer answers what it held, and
     the syncer may be answering one of them at the same moment)."""
@@ -541,26 +588,3 @@ def _answer(job: _Job, answer: Answer) -> None:
         job.future.set_result(answer)
 
 
-def _stderr(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
-
-
-def _one_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    line = text[0] if text else type(e).__name__
-    return line if isinstance(e, LearnerError | ValueError | TypeError) else \
-        f"{type(e).__name__}: {line}"
-
-
-def log_ids(folder: str | Path) -> list[tuple[int, str | None]]:
-    """Every (sequence number, id) the folder's snapshot ids and log hold, in order (the
-    requests applied, as far as the id window reaches back). For checks and tests; the server
-    must not be running."""
-    folder = Path(folder)
-    snap_seq, out = 0, []
-    pointer = folder / POINTER
-    if pointer.exists():
-        p = json.loads(pointer.read_text())
-        snap_seq = p["seq"]
-        out = ids_mod.read_ids(folder / "snapshots" / p["ids"])
-    return out + [(r.seq, r.id) for r in wal.iter_log(folder / "log", snap_seq, {})]

@@ -4,7 +4,10 @@ A segment file ``log-<base>.wal`` starts with a header (magic, version, base) an
 records numbered ``base + 1, base + 2, ...`` in order. A record is
 
     header  <4s I I Q>   magic b"CREC", payload length, crc32(seq + payload), seq
-    payload <I> json-length, json {"id", "y", "n", "d"}, then n * d little-endian float32
+    payload <I> json-length, json {"id", "y", "n", "d"[, "fb"]}, then n * d little-endian float32
+
+A feedback record also holds ``fb``: per row, ``[prediction id, answered label, novelty, new,
+novel]`` (the answer that was given, which the live score replays; ``feedback.py``).
 
 The rule that reading follows: a record cut short (the file ends before the length its header
 gives, or inside its header) is a torn write only when nothing follows it (the last record of the
@@ -51,17 +54,20 @@ class Record:
     id: str | None
     x: np.ndarray  # (n, d) float32
     y: list
+    fb: list | None = None  # a feedback record: [pid, answered, novelty, new, novel] per row
 
     @property
     def n(self) -> int:
         return len(self.y)
 
 
-def encode(seq: int, x: np.ndarray, y: list, rid: str | None) -> bytes:
+def encode(seq: int, x: np.ndarray, y: list, rid: str | None, fb: list | None = None) -> bytes:
     """One record's bytes (header and payload)."""
     x = np.ascontiguousarray(x, dtype="<f4")
-    meta = json.dumps({"id": rid, "y": y, "n": int(x.shape[0]), "d": int(x.shape[1])},
-                      separators=(",", ":")).encode()
+    doc = {"id": rid, "y": y, "n": int(x.shape[0]), "d": int(x.shape[1])}
+    if fb is not None:
+        doc["fb"] = fb
+    meta = json.dumps(doc, separators=(",", ":")).encode()
     payload = struct.pack("<I", len(meta)) + meta + x.tobytes()
     crc = zlib.crc32(struct.pack("<Q", seq) + payload)
     return REC_HEADER.pack(REC_MAGIC, len(payload), crc, seq) + payload
@@ -77,12 +83,12 @@ def _decode(seq: int, payload: bytes, where: str) -> Record:
         # differs in the last bits (recovery must give the uninterrupted learner's bits)
         x = np.array(np.frombuffer(payload, dtype="<f4", count=n * d, offset=4 + m),
                      dtype=np.float32, order="C").reshape(n, d)
-        y, rid = list(meta["y"]), meta["id"]
+        y, rid, fb = list(meta["y"]), meta["id"], meta.get("fb")
     except Exception as e:  # a checksum matched, so this is a writer's bug, not a torn write
         raise LogDamaged(f"{where}: record {seq} does not decode ({type(e).__name__})") from None
-    if len(y) != n or 4 + m + 4 * n * d != len(payload):
+    if len(y) != n or 4 + m + 4 * n * d != len(payload) or (fb is not None and len(fb) != n):
         raise LogDamaged(f"{where}: record {seq} has inconsistent sizes")
-    return Record(seq, rid, x, y)
+    return Record(seq, rid, x, y, fb)
 
 
 def segment_name(base: int) -> str:
