@@ -37,8 +37,8 @@ def _missing() -> str | None:
     if chromium is None or driver is None:
         what = " and ".join(n for n, p in (("chromium", chromium), ("chromedriver", driver))
                             if p is None)
-        return (f"{what} not found: apt-get install chromium chromium-driver (make data does "
-                "it as root)")
+        return (f"{what} not found (apt-get install chromium chromium-driver; `make data` "
+                "does it as root)")
     return None
 
 
@@ -46,7 +46,7 @@ def _missing() -> str | None:
 def browser():
     missing = _missing()
     if missing:
-        pytest.fail(f"the console's browser tests need {missing}", pytrace=False)
+        pytest.fail(f"the console's browser tests cannot run: {missing}", pytrace=False)
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service as DriverService
 
@@ -228,11 +228,13 @@ def test_create_a_learner_from_the_methods_and_their_settings(browser, server):
     assert "400" in text(browser, "create-error") and "\n" not in text(browser, "create-error")
 
     typed(browser, "create-name", "shop")
+    typed(browser, "setting-temperature", "0.5")  # a setting changed from its default
     browser.find_element("css selector", "#create-form button[type=submit]").click()
     wait(browser, lambda d: "Created shop" in text(d, "create-status"), "the new learner")
     wait(browser, lambda d: table(d, "learners-table") == ["default", "shop"],
          "shop in the table")
-    assert learner(server, "shop")["method"] == "ncm"
+    made = learner(server, "shop")
+    assert made["method"] == "ncm" and made["settings"]["temperature"] == 0.5
 
 
 # ---------------------------------------------------------------------- teach, ask, correct
@@ -362,6 +364,66 @@ def test_a_label_with_markup_is_shown_as_text(browser, server, pictures):
     with pytest.raises(NoAlertPresentException):
         browser.switch_to.alert.text  # noqa: B018
     assert not [m for m in severe_logs(browser) if "inline" in m or "Content Security" in m]
+
+
+def _png_b64(a: np.ndarray) -> str:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(a).save(buf, "PNG")
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def _use(browser, name: str) -> None:
+    go(browser, "learners")
+    wait(browser, lambda d: d.find_elements("css selector", f'button[aria-label="use {name}"]'),
+         f"the use button of {name}")[0].click()
+    wait(browser, lambda d: d.find_element("css selector", "#view-ask .learner-name").get_attribute(
+        "textContent") == name, f"{name} in use")
+
+
+def test_an_answer_the_learner_calls_novel_says_it_has_not_seen_this(browser, server, pictures,
+                                                                     tmp_path):
+    rng = np.random.default_rng(7)
+
+    def red():
+        a = rng.integers(0, 60, size=(48, 48, 3), dtype=np.uint8)
+        a[..., 0] = rng.integers(180, 255, size=(48, 48))
+        return a
+
+    def blue():
+        a = np.zeros((48, 48, 3), np.uint8)
+        a[:, int(rng.integers(0, 4))::4, 2] = 255
+        a[::3, :, 1] = int(rng.integers(60, 120))
+        return a
+
+    with api(server) as h:  # a learner whose threshold exists: 20 known-class feedback rows
+        assert h.post("/v1/learners", json={"name": "seen", "method": "ncm"}).status_code == 201
+        r = h.post("/v1/learners/seen/learn", json={
+            "images": [_png_b64(f()) for f in (red, blue) * 3], "y": ["red", "blue"] * 3})
+        assert r.status_code == 200, r.text
+        for k in range(22):
+            label, make = ("red", red) if k % 2 else ("blue", blue)
+            p = h.post("/v1/learners/seen/predict", json={"images": [_png_b64(make())]}).json()
+            fb = h.post("/v1/learners/seen/feedback",
+                        json={"prediction_id": p["prediction_id"][0], "y": label})
+            assert fb.status_code == 200, fb.text
+        strange = np.full((48, 48, 3), 255, np.uint8)
+        strange[8:40, 8:40] = (0, 160, 0)  # a green square on white: neither red nor blue
+        path = tmp_path / "strange.png"
+        path.write_bytes(base64.b64decode(_png_b64(strange)))
+        told = h.post("/v1/learners/seen/predict",
+                      json={"images": [_png_b64(strange), _png_b64(red())]}).json()
+    assert told["novel"] == [True, False]  # the server's rule; the page must say what it says
+    _use(browser, "seen")
+    go(browser, "ask")
+    card = _ask_file(browser, path)
+    assert card.find_element("css selector", ".novel").text == "I have not seen this before."
+    assert card.find_elements("css selector", ".verdict") == []
+    card = _ask_file(browser, pictures["red"][1])
+    assert card.find_elements("css selector", ".novel") == []
+    assert card.find_element("css selector", ".verdict strong").text == "red"
+    _use(browser, "shop")
 
 
 # ---------------------------------------------------------------------- look and reach

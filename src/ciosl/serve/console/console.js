@@ -433,7 +433,10 @@ function wire() {
   });
   $("signout").addEventListener("click", signOut);
   for (const b of document.querySelectorAll("#nav [data-view]")) {
-    b.addEventListener("click", () => show(b.dataset.view));
+    b.addEventListener("click", () => {
+      show(b.dataset.view);
+      $(`h-${b.dataset.view}`).focus({ preventScroll: true }); // a screen reader reads the view
+    });
   }
   window.addEventListener("hashchange", () => show(location.hash.slice(1)));
   $("create-method").addEventListener("change", renderSettings);
