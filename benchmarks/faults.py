@@ -6,8 +6,8 @@ the data of the conformance suite's ``check_faults``, the call is run once to co
 injection points: its torch operations (a torch function mode) and, with ``--lines``, the lines
 of ciosl's own code it executes (a ``sys.settrace`` trace function); the injectors are
 ``ciosl.conformance``'s. Then once per injection point k (every point with ``--points 0``, else
-that many evenly spaced ones per kind of point), raising ``RuntimeError`` and/or
-``KeyboardInterrupt`` (``--exceptions``) there. After each raise it checks:
+that many evenly spaced ones per kind of point, plus the first and last ``--ends``), raising
+``RuntimeError`` and/or ``KeyboardInterrupt`` (``--exceptions``) there. After each raise it checks:
 
 - ``state changed``: the state digest is neither the digest before the call nor the one after
   the complete call (a fault past the call's commit point may leave the call done);
@@ -21,6 +21,8 @@ each promise; with ``--show N``, the first N failing injections of each row (whe
 
     python benchmarks/faults.py                          # every learner, 12 torch points per call
     python benchmarks/faults.py --methods ncm --points 0 --lines --exceptions both  # exhaustive
+
+docs/findings/faults.md has the table of every learner.
 """
 
 from __future__ import annotations
@@ -107,7 +109,8 @@ def run(setup: Setup, call: str, injector) -> tuple[object, BaseException | None
     return learner, None
 
 
-def measure(setup: Setup, call: str, points: int, kinds, exceptions, show: int):
+def measure(setup: Setup, call: str, points: int, kinds, exceptions, show: int,
+            ends: int = 0):
     """(points counted per kind, injections, state changed, later differs, failures)."""
     fitted, fn = setup.calls[call]
     before_learner, done_learner = setup.fresh(fitted), setup.fresh(fitted)
@@ -120,7 +123,8 @@ def measure(setup: Setup, call: str, points: int, kinds, exceptions, show: int):
         run(setup, call, counter)
         n = counted[kind] = counter.n
         ks = range(1, n + 1) if points == 0 or points >= n else sorted(
-            {int(round(v)) for v in np.linspace(1, n, points)})
+            {int(round(v)) for v in np.linspace(1, n, points)}
+            | set(range(1, min(ends, n) + 1)) | set(range(max(n - ends, 0) + 1, n + 1)))
         for k in ks:
             for exc in exceptions:
                 learner, raised = run(setup, call, injector(k, exc))
@@ -154,6 +158,9 @@ def main() -> None:
                         "learn_many new, fit_base")
     p.add_argument("--points", type=int, default=12,
                    help="injection points per call and kind of point (0: every point)")
+    p.add_argument("--ends", type=int, default=0,
+                   help="with --points N: also every one of the first and the last N points "
+                        "(where a call opens and closes)")
     p.add_argument("--lines", action="store_true",
                    help="also inject at every executed line of ciosl's code (a trace function)")
     p.add_argument("--exceptions", choices=sorted(EXCEPTIONS), default="runtime",
@@ -183,7 +190,7 @@ def main() -> None:
         for call in calls:
             try:
                 counted, tried, changed, later, failures = measure(
-                    setup, call, a.points, kinds, exceptions, a.show)
+                    setup, call, a.points, kinds, exceptions, a.show, a.ends)
             except Exception as e:  # noqa: BLE001 (e.g. a learner that needs fit_base)
                 print(f"{method:13s} {call:16s} skipped: {type(e).__name__}: {e}"[:120])
                 continue

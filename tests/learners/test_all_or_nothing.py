@@ -235,7 +235,8 @@ def _exact_under_line_faults(method: str, settings: dict, call: str, files=None,
     where, learner = _Where(), fresh()
     with where.injector:
         fn(learner)
-    outcomes = {digest(fresh().state_dict()): later(fresh()), digest(done.state_dict()): later(done)}
+    outcomes = {digest(fresh().state_dict()): later(fresh()),
+                digest(done.state_dict()): later(done)}
     n = len(where.at)
     ks = [k for k in range(1, n + 1) if (files is None and not head and not tail)
           or k <= head or k > n - tail or (files and where.at[k - 1][0] in files)]
