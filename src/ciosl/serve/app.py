@@ -471,8 +471,7 @@ def build_app(hub: Hub, token: str, limits: Limits | None = None, embedder=None,
               Route("/v1/learners/{name}", api.delete_learner, methods=["DELETE"])]
     for what, endpoint, method in per_learner:
         routes.append(Route(f"/v1/learners/{{name}}/{what}", endpoint, methods=[method]))
-        if what not in ("metrics", "feedback", "events"):  # today's URLs: the learner default
-            routes.append(Route(f"/v1/{what}", endpoint, methods=[method]))
+        routes.append(Route(f"/v1/{what}", endpoint, methods=[method]))  # the learner default
     routes.append(Route("/metrics", api.metrics_endpoint, methods=["GET"]))
     with contextlib.suppress(ImportError):  # the page (console/), when present
         from ciosl.serve.console import console_routes

@@ -53,6 +53,15 @@ def _checked_token(token: str | None) -> str | None:
     return token
 
 
+def _checked_name(name: str) -> str:
+    import re
+
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,63}", name):
+        raise ValueError(f"Client: learner {str(name)[:80]!r} is no learner name (1 to 64 of "
+                         "A-Z a-z 0-9 _ -, not starting with '-')")
+    return name
+
+
 def _clean(e: Exception) -> str:
     return (str(e).splitlines() or [""])[0][:200]
 
@@ -63,8 +72,11 @@ class Client:
     are retried with a growing pause from ``backoff`` seconds."""
 
     def __init__(self, url: str, *, token: str | None = None, timeout: float = 30.0,
-                 retries: int = 8, backoff: float = 0.05, binary: bool = True):
+                 retries: int = 8, backoff: float = 0.05, binary: bool = True,
+                 learner: str | None = None):
         url = _checked_url(url)
+        # the learner NAME's endpoints (/v1/learners/NAME/...); None: today's URLs (default)
+        self._base = "/v1" if learner is None else f"/v1/learners/{_checked_name(learner)}"
         token = _checked_token(token)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._token = token  # never shown in a message
@@ -98,7 +110,7 @@ class Client:
             time.sleep(min(self.backoff * 2**attempt, 2.0))
         body = r.json() if r.headers.get("content-type", "").startswith("application/json") \
             else {"text": r.text}
-        if r.status_code != 200:
+        if r.status_code not in (200, 201):
             raise ServerError(r.status_code, body.get("error", r.text))
         return body
 
@@ -125,18 +137,18 @@ class Client:
             import json
 
             req["headers"].update({"X-Ciosl-Labels": json.dumps(labels), "X-Ciosl-Id": rid})
-        return self._send("POST", "/v1/learn", **req)
+        return self._send("POST", f"{self._base}/learn", **req)
 
     def learn_one(self, z: Any, y: Any, *, id: str | None = None) -> None:
         self.learn_many(np.asarray(z, dtype=np.float32).reshape(1, -1), [y], id=id)
 
     def predict_proba(self, Z: Any) -> np.ndarray:
-        body = self._send("POST", "/v1/predict", **self._features(Z))
+        body = self._send("POST", f"{self._base}/predict", **self._features(Z))
         self._classes = body["classes"]
         return np.asarray(body["proba"], dtype=np.float64)
 
     def predict(self, Z: Any) -> np.ndarray:
-        body = self._send("POST", "/v1/predict", **self._features(Z))
+        body = self._send("POST", f"{self._base}/predict", **self._features(Z))
         self._classes = body["classes"]
         return np.asarray(body["label"])
 
@@ -145,17 +157,40 @@ class Client:
 
     @property
     def classes_(self) -> list:
-        return self._send("GET", "/v1/classes")["classes"]
+        return self._send("GET", f"{self._base}/classes")["classes"]
 
     # ------------------------------------------------------------------ the server's own
     def health(self) -> dict:
         return self._send("GET", "/v1/health")
 
     def state(self) -> dict:
-        return self._send("GET", "/v1/state")
+        return self._send("GET", f"{self._base}/state")
 
     def snapshot(self) -> dict:
-        return self._send("POST", "/v1/snapshot")
+        return self._send("POST", f"{self._base}/snapshot")
 
     def metrics(self) -> str:
         return self._send("GET", "/metrics")["text"]
+
+    # ------------------------------------------------------------------ feedback, many learners
+    def predict_ids(self, Z: Any) -> dict:
+        """The whole answer: classes, proba, label, prediction_id, novelty, novel, seq."""
+        return self._send("POST", f"{self._base}/predict", **self._features(Z))
+
+    def feedback(self, prediction_id: str | list, y: Any) -> dict:
+        """Learn the features of earlier predictions with their true labels (exactly once per
+        prediction id: a retry is answered as a duplicate)."""
+        return self._send("POST", f"{self._base}/feedback",
+                          json={"prediction_id": prediction_id, "y": y})
+
+    def live(self) -> dict:
+        """The learner's live score (``GET .../metrics``)."""
+        name = "default" if self._base == "/v1" else self._base.rsplit("/", 1)[1]
+        return self._send("GET", f"/v1/learners/{name}/metrics")
+
+    def learners(self) -> list[dict]:
+        return self._send("GET", "/v1/learners")["learners"]
+
+    def create(self, name: str, method: str, **settings: Any) -> dict:
+        return self._send("POST", "/v1/learners", json={"name": name, "method": method,
+                                                         "settings": settings})
