@@ -69,7 +69,8 @@ def browser():
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     folder = tmp_path_factory.mktemp("console") / "srv"
-    with Server(folder, "--method", "ncm", "--extractor", "efficientnet_lite0@32") as s:
+    with Server(folder, "--method", "ncm", "--extractor", "efficientnet_lite0@32",
+                "--max-pixels", "1000000") as s:  # a phone's photo is sent scaled down
         yield s
 
 
@@ -80,7 +81,10 @@ def pictures(tmp_path_factory) -> dict[str, list[Path]]:
 
     folder = tmp_path_factory.mktemp("pictures")
     rng = np.random.default_rng(0)
-    out: dict[str, list[Path]] = {"red": [], "blue": []}
+    out: dict[str, list[Path]] = {"red": [], "blue": [], "big": [folder / "big-red.png"]}
+    big = rng.integers(0, 60, size=(1200, 1600, 3), dtype=np.uint8)  # 1.9 megapixels
+    big[..., 0] = 220
+    Image.fromarray(big).save(out["big"][0])
     for i in range(3):
         red = rng.integers(0, 60, size=(48, 48, 3), dtype=np.uint8)
         red[..., 0] = rng.integers(180, 255, size=(48, 48))
@@ -261,11 +265,18 @@ def test_teach_two_classes_from_the_fake_camera_and_from_files(browser, server, 
     shown = learner(server, "shop")
     assert shown["seen"] == 8 and sorted(shown["classes_list"]) == ["camera", "red"]
 
+    # 1600 x 1200: over the server's --max-pixels as it is, sent at 640 x 480
+    by_id(browser, "teach-files").send_keys(str(pictures["big"][0]))
+    wait(browser, lambda d: "Learned 1" in text(d, "teach-status"), "the big file's answer")
+    caption = browser.find_element("css selector", "#teach-sent figure img")
+    assert caption.get_attribute("alt") == "red: big-red.png (640 x 480)"
+    assert learner(server, "shop")["seen"] == 9
+
     by_id(browser, "teach-label").clear()
     by_id(browser, "teach-one").click()
     wait(browser, lambda d: text(d, "teach-error"), "the missing label's line")
     assert text(browser, "teach-error").startswith("Label:")
-    assert learner(server, "shop")["seen"] == 8
+    assert learner(server, "shop")["seen"] == 9
 
 
 def _ask_file(browser, path: Path) -> object:
@@ -506,6 +517,11 @@ def test_without_an_extractor_the_page_offers_feature_files(browser, tmp_path):
         typed(browser, "token", server.token)
         browser.find_element("css selector", "#signin-form button[type=submit]").click()
         wait(browser, lambda d: by_id(d, "view-learners").is_displayed(), "signed in")
+        go(browser, "ask")  # nothing learned yet: the server's 409, as its one line
+        by_id(browser, "ask-files").send_keys(str(a))
+        wait(browser, lambda d: text(d, "ask-error"), "the refusal before any class")
+        assert text(browser, "ask-error").startswith("409: ")
+        assert "\n" not in text(browser, "ask-error")
         go(browser, "teach")
         assert by_id(browser, "teach-noextractor").is_displayed()
         assert "--extractor" in text(browser, "teach-noextractor")

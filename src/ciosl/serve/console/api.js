@@ -49,7 +49,7 @@ export async function api(path, { method = "GET", body, auth = true } = {}) {
   return doc;
 }
 
-// A request id unique enough for the server's idempotency window (a retry would reuse it).
+// A learn's id, unique enough for the server's idempotency window.
 export function requestId() {
   const b = new Uint8Array(12);
   crypto.getRandomValues(b);

@@ -59,6 +59,33 @@ function base64(buffer) {
   return btoa(text);
 }
 
+// An image file as sent: as it is when its longer side is at most MAX_SIDE pixels, else
+// scaled down to that and sent as JPEG (a phone's 12-megapixel photo is 5 MB; the extractor
+// sees a few hundred pixels a side, and the server bounds the pixels of a request).
+const MAX_SIDE = 640;
+
+async function shrink(file, buffer) {
+  let bitmap;
+  try {
+    bitmap = await createImageBitmap(file);
+  } catch (e) {
+    throw new Error(`${file.name}: not an image this browser can read`);
+  }
+  const side = Math.max(bitmap.width, bitmap.height);
+  if (side <= MAX_SIDE) {
+    bitmap.close();
+    return { image: base64(buffer), thumb: URL.createObjectURL(file), name: file.name };
+  }
+  const canvas = document.createElement("canvas");
+  canvas.width = Math.max(1, Math.round((bitmap.width * MAX_SIDE) / side));
+  canvas.height = Math.max(1, Math.round((bitmap.height * MAX_SIDE) / side));
+  canvas.getContext("2d").drawImage(bitmap, 0, 0, canvas.width, canvas.height);
+  bitmap.close();
+  const url = canvas.toDataURL("image/jpeg", 0.9);
+  return { image: url.slice(url.indexOf(",") + 1), thumb: url,
+           name: `${file.name} (${canvas.width} x ${canvas.height})` };
+}
+
 export function isNpy(file) { return /\.npy$/i.test(file.name); }
 
 // Files to send: {images: [{image, thumb, name}], rows: [{x, name}]}; throws one line naming
@@ -73,7 +100,7 @@ export async function readFiles(fileList, hasExtractor) {
       throw new Error(`${file.name}: this server takes images only with --extractor; ` +
                       "send .npy feature files");
     } else {
-      images.push({ image: base64(buffer), thumb: URL.createObjectURL(file), name: file.name });
+      images.push(await shrink(file, buffer));
     }
   }
   if (images.length && rows.length) {
