@@ -9,6 +9,20 @@ from helpers import USER_MODULE
 torch.set_num_threads(1)
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "cuda: needs a CUDA device; run only where torch sees "
+                            "one (on a machine without, skipped saying so)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="no CUDA device here (torch.cuda.is_available() is False)")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture(scope="module")
 def user_modules(tmp_path_factory):
     folder = tmp_path_factory.mktemp("user")

@@ -261,7 +261,16 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--unload-after", type=float, default=600.0, metavar="S",
                        help="unload a learner after S seconds without a request (reloaded on "
                        "the next)")
-    serve.add_argument("--threads", type=int, default=1, help="torch threads")
+    serve.add_argument("--threads", type=int, default=None, help="torch threads of the "
+                       "learners (default 1); and " + THREADS_HELP)
+    serve.add_argument("--device", default=None, help=DEVICE_HELP + " (--extractor)")
+    serve.add_argument("--backend", default=None, help=BACKEND_HELP + " (--extractor)")
+    serve.add_argument("--batch-images", type=int, default=None, metavar="N",
+                       help="images of concurrent requests extracted in one pass, at most "
+                       "(default 64 on the CPU, 256 on CUDA)")
+    serve.add_argument("--batch-wait-ms", type=float, default=2.0, metavar="T",
+                       help="a batch waits at most T ms for requests still being decoded "
+                       "(default 2)")
     serve.add_argument("--writer-nice", type=int, default=10, metavar="N",
                        help="nice value of the thread that applies learns (0..19; Linux): "
                        "under load, answers get the CPU first (0: the same as answers)")
@@ -353,7 +362,10 @@ def main(argv: list[str] | None = None) -> int:
                                  id_window=args.id_window,
                                  id_window_bytes=args.id_window_bytes,
                                  feedback_window=args.feedback_window,
-                                 max_loaded=args.max_loaded, unload_after=args.unload_after)
+                                 max_loaded=args.max_loaded, unload_after=args.unload_after,
+                                 device=args.device, backend=args.backend,
+                                 threads=args.threads, batch_images=args.batch_images,
+                                 batch_wait_ms=args.batch_wait_ms)
         elif args.command == "run":
             from ciosl.evaluation.experiment import (
                 ExperimentSpec,

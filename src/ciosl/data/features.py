@@ -260,14 +260,11 @@ def _user_backbone(sources: dict[str, ImageSource], bb: backbones.Backbone, prog
     """Features of a user's backbone (``ciosl.data.backbones``): an onnx: model under ONNX
     Runtime (N single-threaded workers on the CPU, as ``runtime.ort_runner``; one on its CUDA
     provider), a module: one under torch, as efficientnet_lite0."""
+    from ciosl.data.extraction import onnx_path  # the server's path too (one code path)
+
     how = _user_execution(bb, how)
     if bb.module is None:
-        runtime.require_onnxruntime(f"extractor {bb.name}")
-        workers = runtime.resolve_threads(how.threads, "onnxruntime")
-        session, on_gpu = backbones.onnx_session(bb, how.device, 1)
-        runner = runtime.Runner(backbones.onnx_call(bb, session), bb.batch or
-                                backbones.ONNX_BATCH, 1 if on_gpu else workers, "onnxruntime",
-                                "cuda" if on_gpu else "cpu")
+        runner = onnx_path(bb, how.device, how.threads)
 
         def prepare(b):
             return backbones.normalized_input(b, bb.size, bb.mean, bb.std)
@@ -298,13 +295,10 @@ def _run(label, model, network, wid, size, prepare, sources, batch_size, progres
                 raise
             logger.warning("ONNX Runtime failed (%s: %s); extracting with torch instead.",
                            type(e).__name__, str(e).splitlines()[0] if str(e) else "")
-    if how.device == "cuda":  # --threads workers hand batches to the GPU (default 1)
-        threads = 1
-        runner = runtime.torch_runner(model, how.device, batch_size,
-                                      runtime.resolve_threads(how.threads, "torch"))
-    else:
-        threads = runtime.resolve_threads(how.threads, "torch")
-        runner = runtime.torch_runner(model, how.device, batch_size)
+    from ciosl.data.extraction import torch_path  # the server's path too (one code path)
+
+    # on CUDA --threads workers hand batches to the GPU (default 1), one torch thread each
+    runner, threads = torch_path(model, how.device, batch_size, how.threads)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:

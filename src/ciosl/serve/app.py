@@ -30,6 +30,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from ciosl.serve.batching import Turnstile
 from ciosl.serve.events import frame, last_event_id
 from ciosl.serve.feedback import Gone
 from ciosl.serve.hub import DEFAULT, Hub, Unavailable
@@ -38,6 +39,7 @@ from ciosl.serve.inputs import (  # noqa: F401 (Limits, Refused: this module's n
     JSON_TYPES,
     NPY,
     RAW,
+    Frames,
     Limits,
     Refused,
     binary,
@@ -62,6 +64,7 @@ class Api:
         self.metrics = Metrics(hub)
         self.inflight = 0  # bytes of request bodies held now (the event loop's thread only)
         self._big_json = threading.Lock()
+        self._order: dict[str, Turnstile] = {}  # learns reach each writer in arrival order
         hub.on_commit = self.metrics.on_commit
 
     # ------------------------------------------------------------------ plumbing
@@ -133,6 +136,8 @@ class Api:
                         _trim()
         if ctype in (NPY, RAW):
             x = binary(body, ctype, headers, self.limits)
+            if isinstance(x, Frames):  # uint8 (n, h, w, 3): through the extractor
+                x = self._frames(x.array)
             if not learn:
                 return x, None, None
             raw = header_text(headers, "x-ciosl-labels", "X-Ciosl-Labels")
@@ -146,6 +151,12 @@ class Api:
             return x, labels(y, len(x), self.limits, "X-Ciosl-Labels"), rid(
                 header_text(headers, "x-ciosl-id", "X-Ciosl-Id"), self.limits, "X-Ciosl-Id")
         raise Refused(415, f"content type {ctype[:60]!r} is not accepted; accepted: {ACCEPTED}")
+
+    def _frames(self, arr: np.ndarray) -> np.ndarray:
+        if self.embedder is None:
+            raise Refused(400, "frames: this server has no extractor (start it with "
+                          "--extractor); send features as 2-d float32")
+        return self.embedder.frames(arr)
 
     def _images(self, value: Any) -> np.ndarray:
         if self.embedder is None:
@@ -220,11 +231,25 @@ class Api:
     async def learn(self, request: Request):
         async def fn(service, request, hold):
             t0 = time.perf_counter()
-            x, y, rid = await self._features(request, hold, learn=True)
-            dim = service.learner.dim_
-            if dim is not None and x.shape[1] != dim:
-                raise Refused(422, f"x: width {x.shape[1]}, this learner's is {dim}")
-            answer = await asyncio.wrap_future(service.submit_learn(x, y, rid))
+            order = self._order.setdefault(request.path_params.get("name", DEFAULT),
+                                           Turnstile())
+            ticket = None
+            try:
+                body = await self._body(request, hold)
+                ticket = order.take()  # arrival: the body is here
+                x, y, rid = await run_in_threadpool(
+                    self._parse, body, request.headers.get("content-type", ""),
+                    request.headers, learn=True)
+                del body
+                dim = service.learner.dim_
+                if dim is not None and x.shape[1] != dim:
+                    raise Refused(422, f"x: width {x.shape[1]}, this learner's is {dim}")
+                await order.turn(ticket)
+                future = service.submit_learn(x, y, rid)
+            finally:
+                if ticket is not None:
+                    order.done(ticket)
+            answer = await asyncio.wrap_future(future)
             if answer.status == 200:
                 service.rates.record("learn", time.perf_counter() - t0, answer.body["learned"])
             return answer.status, answer.body

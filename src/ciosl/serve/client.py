@@ -194,3 +194,45 @@ class Client:
     def create(self, name: str, method: str, **settings: Any) -> dict:
         return self._send("POST", "/v1/learners", json={"name": name, "method": method,
                                                          "settings": settings})
+
+    # ------------------------------------------------------------------ images (--extractor)
+    def _images(self, images: Any) -> dict:
+        """A uint8 array (n, h, w, 3) (or one (h, w, 3) frame) as a raw-frame ``.npy`` body;
+        a list of encoded files (bytes, or paths to PNG / JPEG / WebP files) as base64 JSON."""
+        if isinstance(images, np.ndarray):
+            if images.dtype != np.uint8:
+                raise ValueError(f"images: dtype {images.dtype}; frames are uint8 (n, h, w, 3)"
+                                 " (encoded files go as a list of bytes or paths)")
+            frames = images[None] if images.ndim == 3 else images
+            if frames.ndim != 4 or frames.shape[-1] != 3:
+                raise ValueError(f"images: shape {images.shape}; frames are (n, h, w, 3)")
+            buf = io.BytesIO()
+            np.save(buf, np.ascontiguousarray(frames), allow_pickle=False)
+            return {"content": buf.getvalue(), "headers": {"Content-Type": "application/x-npy"}}
+        import base64
+        from pathlib import Path
+
+        if isinstance(images, bytes | str | Path):
+            images = [images]
+        blobs = [b if isinstance(b, bytes) else Path(b).read_bytes() for b in images]
+        return {"json": {"images": [base64.b64encode(b).decode("ascii") for b in blobs]}}
+
+    def learn_images(self, images: Any, y: Any, *, id: str | None = None) -> dict:
+        """Learn images (frames or encoded files, see ``_images``) once, retried with one id."""
+        labels = [v.item() if isinstance(v, np.generic) else v for v in np.asarray(
+            y, dtype=object).reshape(-1)]
+        rid = id or uuid.uuid4().hex
+        req = self._images(images)
+        if "json" in req:
+            req["json"].update(y=labels, id=rid)
+        else:
+            import json
+
+            req["headers"].update({"X-Ciosl-Labels": json.dumps(labels), "X-Ciosl-Id": rid})
+        return self._send("POST", f"{self._base}/learn", **req)
+
+    def predict_images(self, images: Any) -> dict:
+        """The whole answer for images: classes, proba, label, prediction_id, ..., seq."""
+        body = self._send("POST", f"{self._base}/predict", **self._images(images))
+        self._classes = body["classes"]
+        return body

@@ -19,7 +19,7 @@ META = "ciosl-serve.json"
 POINTER = "snapshot.json"
 KNOWN = {META, POINTER, "snapshots", "log", "token", ".lock", "predictions.bin"}
 # what a root of many learners holds besides them (hub.py): never "other files"
-HUB_ENTRIES = {"learners", ".trash", ".hub.lock"}
+HUB_ENTRIES = {"learners", ".trash", ".hub.lock", "extractor.json"}  # images.PIN
 
 
 class ServeError(ValueError):

@@ -37,7 +37,7 @@ from ciosl.serve.service import Service
 
 NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,63}", re.ASCII)
 LEARNERS, TRASH, HUB_LOCK = "learners", ".trash", ".hub.lock"
-ROOT_ENTRIES = {LEARNERS, TRASH, HUB_LOCK, "token", ".lock"}
+ROOT_ENTRIES = {LEARNERS, TRASH, HUB_LOCK, "token", ".lock", "extractor.json"}  # images.PIN
 DEFAULT = "default"
 
 

@@ -11,52 +11,69 @@ import re
 import numpy as np
 import torch
 
+from ciosl.serve.batching import DEFAULT_IMAGES, DEFAULT_WAIT_MS, Batcher, BatchFailed
+from ciosl.serve.inputs import Refused
+
 MAX_PIXELS = 4096 * 4096
 
 
 class Embedder:
-    """``embedder([bytes, ...]) -> (n, d) float32`` features of encoded images."""
+    """``embedder([bytes, ...]) -> (n, d) float32`` features of encoded images, and
+    ``embedder.frames(uint8 (n, h, w, 3))`` of raw frames: decoded and prepared in the
+    request's thread, extracted in the batches of ``batching.Batcher`` by the extractor that
+    ``ciosl features`` runs (``ciosl.data.extraction.open_extractor``: ``how``'s device,
+    backend and threads)."""
 
-    def __init__(self, extractor: str, weights: str | None = None):
-        from ciosl.data import backbones, efficientnet
-        from ciosl.data.features import efficientnet_input, parse_extractor, preprocess
-        from ciosl.data.mobilenet import load_mobilenet_v2
+    def __init__(self, extractor: str, weights: str | None = None, *, how=None,
+                 batch_images: int | None = None, batch_wait_ms: float = DEFAULT_WAIT_MS,
+                 options=None):
+        from ciosl.data.extraction import open_extractor
 
-        self.call = None
-        if backbones.is_user_backbone(extractor):  # onnx:PATH[@S] or module:pkg.mod:callable
-            bb = backbones.resolve(extractor)
-            if bb.module is None:
-                session, _ = backbones.onnx_session(bb, "cpu", 1)
-                self.call = backbones.onnx_call(bb, session)
-            else:
-                self.call = lambda x: bb.module.embed(x).numpy()
-            self.prepare = bb.prepare_fn or (
-                lambda imgs: backbones.normalized_input(imgs, bb.size, bb.mean, bb.std))
-            self.name = extractor
-            return
-        base, size = parse_extractor(extractor)
-        if base == "efficientnet_lite0":
-            self.model = efficientnet.load_efficientnet_lite0(weights)
-            self.prepare = lambda imgs: efficientnet_input(imgs, size)
-        elif base == "mobilenet_v2":
-            self.model = load_mobilenet_v2(weights, progress=False)
-            self.prepare = preprocess
-        else:
-            raise ValueError(f"--extractor {extractor}: a server takes efficientnet_lite0[@S], "
-                             "mobilenet_v2, onnx:PATH[@S] or module:package.module:callable")
-        self.model.eval()
+        self.extractor = open_extractor(extractor, weights, how, options)
         self.name = extractor
+        self.batcher = Batcher(self.extractor.forward,
+                               batch_images or DEFAULT_IMAGES.get(self.extractor.device, 64),
+                               batch_wait_ms)
 
     def decode(self, blobs: list[bytes], max_pixels: int | None = None) -> list[np.ndarray]:
         return decode(blobs, max_pixels)
 
     def __call__(self, blobs: list[bytes], max_pixels: int | None = None) -> np.ndarray:
-        imgs = decode(blobs, max_pixels)
-        with torch.inference_mode():
-            if self.call is not None:
-                return np.ascontiguousarray(self.call(self.prepare(imgs)), dtype=np.float32)
-            z = self.model.embed(self.prepare(imgs))  # (n, 1280) pre-logit features
-        return np.ascontiguousarray(z.reshape(len(imgs), -1).numpy(), dtype=np.float32)
+        with self.batcher.arriving():
+            imgs = decode(blobs, max_pixels)
+            x = self._prepare(imgs, "images")
+        return self._run(x)
+
+    def frames(self, frames: np.ndarray) -> np.ndarray:
+        """Features of uint8 frames (n, h, w, 3), checked by ``inputs.frames``."""
+        with self.batcher.arriving():
+            x = self._prepare(frames, "frames")
+        return self._run(x)
+
+    def _prepare(self, imgs, field: str) -> torch.Tensor:
+        try:
+            with torch.inference_mode():
+                return self.extractor.prepare(imgs)
+        except (KeyboardInterrupt, MemoryError):
+            raise
+        except Exception as e:
+            raise Refused(503, f"{field}: the extractor's preprocessing failed ({_reason(e)})"
+                          "; nothing was learned") from None
+
+    def _run(self, x: torch.Tensor) -> np.ndarray:
+        try:
+            z = self.batcher.run(x)
+        except BatchFailed as e:
+            raise Refused(503, f"extractor {self.name}: the batch holding this request failed "
+                          f"({e}); nothing of it was learned, retry") from None
+        if not np.isfinite(z).all():
+            raise Refused(503, f"extractor {self.name}: features that are not finite; "
+                          "nothing of this request was learned")
+        return z
+
+    def close(self) -> None:
+        self.batcher.close()
+        self.extractor.close()
 
 
 def decode(blobs: list[bytes], max_pixels: int | None = None) -> list[np.ndarray]:
@@ -103,3 +120,62 @@ def _reason(e: Exception) -> str:
     identify image file <_io.BytesIO object at 0x7f...>``)."""
     text = re.sub(r"\s*<[^<>]* at 0x[0-9a-fA-F]+>", "", str(e)).strip().splitlines()
     return f"{type(e).__name__}: {text[0]}" if text and text[0] else type(e).__name__
+
+
+PIN = "extractor.json"
+
+
+def open_embedder(extractor: str, device: str | None = None, backend: str | None = None,
+                  threads: int | None = None, batch_images: int | None = None,
+                  batch_wait_ms: float = DEFAULT_WAIT_MS) -> Embedder:
+    """``ciosl serve --extractor``'s embedder on ``--device`` / ``--backend`` / ``--threads``
+    (``$CIOSL_DEVICE``, ``$CIOSL_BACKEND``), each bad value named in one ``ServeError``."""
+    from ciosl.data.features import execution
+    from ciosl.serve.folder import ServeError
+
+    if batch_images is not None and not 1 <= batch_images <= 4096:
+        raise ServeError(f"--batch-images must be in 1..4096, got {batch_images}")
+    if not 0 <= batch_wait_ms <= 1000:
+        raise ServeError(f"--batch-wait-ms must be in 0..1000, got {batch_wait_ms}")
+    try:
+        how = execution(device, backend, threads)
+        return Embedder(extractor, how=how, batch_images=batch_images,
+                        batch_wait_ms=batch_wait_ms)
+    except ValueError as e:
+        text = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ServeError(text if text.startswith("--") or text.startswith("CIOSL_")
+                         else f"--extractor {extractor}: {text}") from None
+
+
+def pin_extractor(folder, pin: dict) -> None:
+    """Record the extractor in ``FOLDER/extractor.json`` (first start with ``--extractor``),
+    or refuse in one line a restart with another one: the log holds the first one's
+    features."""
+    from pathlib import Path
+
+    from ciosl.fileio import atomic_write_json, load_json
+    from ciosl.serve.folder import ServeError
+
+    path = Path(folder) / PIN
+    if not path.exists():
+        atomic_write_json(path, pin)
+        return
+    try:
+        had = load_json(path, PIN)
+    except ValueError as e:
+        raise ServeError(f"--dir {folder}: {e}") from None
+    if not isinstance(had, dict):
+        raise ServeError(f"{path}: not an extractor record")
+    names = {"extractor": "--extractor", "size": "input size", "weights": "weights checksum",
+             "backend": "--backend", "device": "--device"}
+    diff = [k for k in names if had.get(k) != pin.get(k)]
+    if diff:
+        k = diff[0]
+        was, now = had.get(k), pin.get(k)
+        if k == "weights":
+            was, now = str(was)[:12], str(now)[:12]
+        raise ServeError(
+            f"--dir {folder} holds features of extractor {had.get('extractor')} (size "
+            f"{had.get('size')}, {had.get('backend')} on {had.get('device')}); this start's "
+            f"{names[k]} is {now}, not {was}: start it with the same extractor, or use "
+            "another --dir")

@@ -23,6 +23,38 @@ NPY = "application/x-npy"
 RAW = "application/octet-stream"
 ACCEPTED = "application/json, application/x-npy, application/octet-stream"
 SHAPE = re.compile(r"\s*(\d{1,12})\s*,\s*(\d{1,12})\s*", re.ASCII)
+FRAME_SHAPE = re.compile(r"\s*(\d{1,12})\s*,\s*(\d{1,12})\s*,\s*(\d{1,12})\s*,"
+                         r"\s*(\d{1,12})\s*", re.ASCII)
+MAX_FRAME_PIXELS = 4096 * 4096  # one frame, as one image (images.MAX_PIXELS)
+
+
+class Frames:
+    """Raw uint8 frames (n, h, w, 3) of a binary body, for the server's extractor."""
+
+    def __init__(self, array: np.ndarray):
+        self.array = array
+
+    def __len__(self) -> int:
+        return len(self.array)
+
+
+def frames(arr: np.ndarray, limits: Limits, field: str = "frames") -> Frames:
+    """``arr`` as frames, or ``Refused`` naming what is wrong: uint8 of shape (n, h, w, 3),
+    n within ``max_rows``, each frame and all of them within the pixel bounds."""
+    if arr.dtype != np.uint8:
+        raise Refused(400, f"{field}: dtype {arr.dtype}, frames are uint8 (n, h, w, 3)")
+    if arr.ndim != 4 or arr.shape[3] != 3 or 0 in arr.shape:
+        raise Refused(400, f"{field}: shape {arr.shape}, frames are (n, h, w, 3) with n, h, "
+                      "w >= 1")
+    n, h, w, _ = arr.shape
+    if n > limits.max_rows:
+        raise Refused(413, f"{field}: {n} frames, at most {limits.max_rows} per request")
+    if h * w > MAX_FRAME_PIXELS:
+        raise Refused(413, f"{field}: {w}x{h} pixels, at most {MAX_FRAME_PIXELS} per frame")
+    if n * h * w > limits.max_pixels:
+        raise Refused(413, f"{field}: {n * h * w} pixels, at most {limits.max_pixels} per "
+                      "request")
+    return Frames(np.ascontiguousarray(arr))
 
 
 @dataclass(frozen=True)
@@ -143,7 +175,7 @@ def parse_json(body: bytes, allowed: set[str]) -> dict:
     return doc
 
 
-def binary(body: bytes, ctype: str, headers, limits: Limits) -> np.ndarray:
+def binary(body: bytes, ctype: str, headers, limits: Limits) -> np.ndarray | Frames:
     if ctype == NPY:
         import io
 
@@ -153,11 +185,24 @@ def binary(body: bytes, ctype: str, headers, limits: Limits) -> np.ndarray:
             raise Refused(400, f"body: not a .npy array ({type(e).__name__})") from None
         if not isinstance(arr, np.ndarray):
             raise Refused(400, "body: not a .npy array")
+        if arr.ndim == 4:  # raw frames (n, h, w, 3)
+            return frames(arr, limits)
         return checked(arr, "x", limits)
     shape = header_text(headers, "x-ciosl-shape", "X-Ciosl-Shape") or ""
     found = SHAPE.fullmatch(shape)
     if found is None:
-        raise Refused(400, f"X-Ciosl-Shape: expected 'n,d' (ASCII digits), got {shape[:40]!r}")
+        found = FRAME_SHAPE.fullmatch(shape)
+        if found is None:
+            raise Refused(400, "X-Ciosl-Shape: expected 'n,d' (float32 features) or 'n,h,w,3' "
+                          f"(uint8 frames), ASCII digits; got {shape[:40]!r}")
+        n, h, w, c = (int(g) for g in found.groups())
+        if c != 3 or min(n, h, w) < 1:
+            raise Refused(400, f"X-Ciosl-Shape: {n},{h},{w},{c}: frames are n,h,w,3 with n, h, "
+                          "w >= 1")
+        if n * h * w * c != len(body):
+            raise Refused(400, f"body: {len(body)} bytes, X-Ciosl-Shape {n},{h},{w},{c} needs "
+                          f"{n * h * w * c} (uint8 frames)")
+        return frames(np.frombuffer(body, dtype=np.uint8).reshape(n, h, w, c), limits)
     n, d = int(found.group(1)), int(found.group(2))
     if n * d * 4 != len(body):
         raise Refused(400, f"body: {len(body)} bytes, X-Ciosl-Shape {n},{d} needs "

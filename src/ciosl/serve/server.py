@@ -99,7 +99,9 @@ def serve(folder: str, method: str | None, overrides: dict[str, str], *,
           extractor: str | None = None, options: Options | None = None,
           limits: Limits | None = None, max_connections: int = 1000,
           header_timeout: float = 30.0, max_loaded: int = 256,
-          unload_after: float = 600.0) -> int:
+          unload_after: float = 600.0, device: str | None = None, backend: str | None = None,
+          threads: int | None = None, batch_images: int | None = None,
+          batch_wait_ms: float = 2.0) -> int:
     import uvicorn
 
     settings = None
@@ -108,10 +110,15 @@ def serve(folder: str, method: str | None, overrides: dict[str, str], *,
     elif overrides:
         raise ServeError("--set needs --method")
     embedder = None
-    if extractor is not None:
-        from ciosl.serve.images import Embedder
+    if extractor is not None:  # checked and loaded before the folder is touched
+        from ciosl.serve.images import open_embedder, pin_extractor
 
-        embedder = Embedder(extractor)  # checked and loaded before the folder is touched
+        embedder = open_embedder(extractor, device, backend, threads, batch_images,
+                                 batch_wait_ms)
+    elif device is not None or backend is not None or batch_images is not None:
+        flag = "--device" if device is not None else (
+            "--backend" if backend is not None else "--batch-images")
+        raise ServeError(f"{flag}: sets where the images' extractor runs; give --extractor")
     nofile = open_files_limit()
     if max_connections > nofile - 64:
         raise ServeError(f"--max-connections {max_connections}: the open-file limit is "
@@ -127,6 +134,8 @@ def serve(folder: str, method: str | None, overrides: dict[str, str], *,
     hub = Hub(folder, options, max_loaded=max_loaded, unload_after=unload_after).open(
         method, settings)
     try:
+        if embedder is not None:
+            pin_extractor(Path(folder), embedder.extractor.pin())
         token, where = early or resolve_token(token_file, Path(folder))
         app = build_app(hub, token, limits, embedder, extractor)
         guard = Guard(max_connections, header_timeout)
@@ -166,6 +175,8 @@ def serve(folder: str, method: str | None, overrides: dict[str, str], *,
     finally:
         hub.close()
         sock.close()
+        if embedder is not None:
+            embedder.close()
     print("ciosl serve: stopped; every acknowledged learn is in the snapshot or the log",
           file=sys.stderr, flush=True)
     return 0
