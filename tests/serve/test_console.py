@@ -468,13 +468,14 @@ def test_the_readme_shows_the_consoles_screenshot():
 
 
 def test_at_a_phones_width_every_control_is_labelled_and_nothing_overflows(browser, server):
-    browser.set_window_size(390, 844)
+    browser.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", {  # a phone's screen
+        "width": 390, "height": 844, "deviceScaleFactor": 1, "mobile": True})
     try:
         for view in ("learners", "teach", "ask", "watch"):
             go(browser, view)
             wide = browser.execute_script(
                 "return [document.documentElement.scrollWidth, window.innerWidth];")
-            assert wide[0] <= wide[1], (view, wide)
+            assert wide[0] <= wide[1] == 390, (view, wide)
             unlabelled = browser.execute_script("""
                 const v = document.getElementById(arguments[0]);
                 return Array.from(v.querySelectorAll('input, select, button, textarea'))
@@ -484,7 +485,7 @@ def test_at_a_phones_width_every_control_is_labelled_and_nothing_overflows(brows
                   .map((c) => c.id || c.outerHTML.slice(0, 60));""", f"view-{view}")
             assert unlabelled == [], view
     finally:
-        browser.set_window_size(1100, 900)
+        browser.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
     # the keyboard alone reaches the views: Tab to "Teach" and press Enter
     from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.keys import Keys

@@ -94,6 +94,11 @@ async function signIn(value, quiet) {
     const names = doc.learners.map((l) => l.name);
     const pick = names.includes(kept) ? kept : names.includes("default") ? "default" : names[0];
     if (pick) await choose(pick);
+    const inUse = doc.learners.find((l) => l.name === pick); // the form starts at its method
+    if (inUse && state.methods.some((m) => m.name === inUse.method)) {
+      $("create-method").value = inUse.method;
+      renderSettings();
+    }
     const asked = location.hash.slice(1);
     show(asked && asked !== "signin" ? asked : "learners");
   } catch (e) {
@@ -371,8 +376,9 @@ function onScore(m) {
   push(state.learnRate, rates.learn_per_s);
   push(state.predictRate, rates.predict_per_s);
   say("acc-now", pct(m.accuracy));
-  say("acc-detail", `${m.feedback ?? 0} answers checked by feedback; the last ${m.window ?? "-"}:` +
-      ` ${pct(m.accuracy_last)}`);
+  const checked = m.feedback ?? 0;
+  say("acc-detail", `${checked} answer${checked === 1 ? "" : "s"} checked by feedback; the ` +
+      `last ${m.window ?? "-"}: ${pct(m.accuracy_last)}`);
   say("learn-rate", `${num(rates.learn_per_s)} /s`);
   say("learn-detail", `${m.seen ?? 0} samples seen; median ${num(rates.learn_p50_ms)} ms`);
   say("predict-rate", `${num(rates.predict_per_s)} /s`);
