@@ -501,6 +501,46 @@ def test_at_a_phones_width_every_control_is_labelled_and_nothing_overflows(brows
     wait(browser, lambda d: by_id(d, "view-teach").is_displayed(), "the teach view by keyboard")
 
 
+def _npy_bytes(array: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, array)
+    return buf.getvalue()
+
+
+NPY_CASES = [  # (name, bytes, rows read or the start of the one line refusing it)
+    ("f32.npy", _npy_bytes(np.arange(6, dtype=np.float32).reshape(2, 3) / 4),
+     [[0, 0.25, 0.5], [0.75, 1, 1.25]]),
+    ("f64.npy", _npy_bytes(np.array([1e-300, -2.5, 3.0])), [[1e-300, -2.5, 3.0]]),
+    ("one-column.npy", _npy_bytes(np.ones((2, 1), np.float32)), [[1.0], [1.0]]),
+    ("ints.npy", _npy_bytes(np.ones((2, 3), np.int64)), "ints.npy: dtype <i8"),
+    ("big-endian.npy", _npy_bytes(np.ones(3, ">f4")), "big-endian.npy: dtype >f4"),
+    ("cube.npy", _npy_bytes(np.ones((2, 2, 2), np.float32)), "cube.npy: shape (2, 2, 2)"),
+    ("fortran.npy", _npy_bytes(np.asfortranarray(np.ones((2, 3), np.float32))),
+     "fortran.npy: Fortran order"),
+    ("empty.npy", _npy_bytes(np.ones((0, 3), np.float32)), "empty.npy: no samples"),
+    ("cut.npy", _npy_bytes(np.ones((2, 3), np.float32))[:-4], "cut.npy: 20 data bytes"),
+    ("nan.npy", _npy_bytes(np.array([[1.0, np.nan]], np.float32)),
+     "nan.npy: row 0, column 1 is NaN"),
+    ("text.npy", b"0.5 0.25\n", "text.npy: not a .npy file"),
+]
+
+
+def test_the_page_reads_npy_files_and_refuses_what_it_cannot_read_in_one_line(browser, server):
+    browser.get(server.url + "/")  # the page's own parser, as a teacher's file reaches it
+    read = browser.execute_async_script("""
+        const [cases, done] = [arguments[0], arguments[arguments.length - 1]];
+        import("/console/api.js").then((m) => done(cases.map(([name, b64]) => {
+          const bytes = Uint8Array.from(atob(b64), (c) => c.charCodeAt(0));
+          try { return m.parseNpy(bytes.buffer, name); } catch (e) { return e.message; }
+        })));""", [[name, base64.b64encode(raw).decode()] for name, raw, _ in NPY_CASES])
+    for (name, _, expected), got in zip(NPY_CASES, read, strict=True):
+        if isinstance(expected, list):
+            assert got == expected, name
+        else:
+            assert isinstance(got, str) and got.startswith(expected) and "\n" not in got, \
+                (name, got)
+
+
 # ---------------------------------------------------------------------- without an extractor
 def _npy(path: Path, array: np.ndarray) -> Path:
     np.save(path, array)
