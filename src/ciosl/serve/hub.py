@@ -200,13 +200,12 @@ class Hub:
         try:
             with entry.load_lock:
                 if entry.service is None:
+                    self._make_room(name)
                     try:
                         entry.service = self._service(name, self.folder_of(name)).open()
                     except Exception as e:
                         raise Unavailable(503, f"learner {name!r} cannot be loaded: "
                                           f"{_one_line(e)}") from None
-                    if self.loaded() > self.max_loaded:
-                        self._wake.set()
                 return entry.service
         except BaseException:
             self.release(name)
@@ -218,6 +217,17 @@ class Hub:
             if entry is not None:
                 entry.users -= 1
                 entry.last = time.monotonic()
+
+    def _make_room(self, name: str) -> None:
+        """Unload the least recently used idle learners until one more fits in
+        ``max_loaded`` (the loading request waits for it: memory stays bounded however fast
+        learners are asked for)."""
+        while self.loaded() >= self.max_loaded:
+            with self._lock:
+                idle = sorted((e.last, n) for n, e in self._entries.items()
+                              if e.service is not None and not e.users and n != name)
+            if not any(self._unload(n) for _, n in idle[:4]):
+                return  # every loaded learner is in use: one more, for now
 
     def loaded(self) -> int:
         return sum(e.service is not None for e in list(self._entries.values()))
@@ -271,6 +281,7 @@ class Hub:
                 shutil.rmtree(folder)
             (self.root / LEARNERS).mkdir(exist_ok=True)
             entry = _Entry()
+            self._make_room(name)
             with entry.load_lock:
                 entry.service = self._service(name, folder, method, values).open()
                 with self._lock:
