@@ -268,6 +268,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--batch-images", type=int, default=None, metavar="N",
                        help="images of concurrent requests extracted in one pass, at most "
                        "(default 64 on the CPU, 256 on CUDA)")
+    serve.add_argument("--answer-every-ms", type=float, default=0.0, metavar="T",
+                       help="ncm, slda, rp_lda, ranpac: bring the answer current at most every "
+                       "T ms while predictions are asked (an answer says the seq it reflects; "
+                       "default 0: after every learn, exact)")
     serve.add_argument("--batch-wait-ms", type=float, default=2.0, metavar="T",
                        help="a batch waits at most T ms for requests still being decoded "
                        "(default 2)")
@@ -365,7 +369,8 @@ def main(argv: list[str] | None = None) -> int:
                                  max_loaded=args.max_loaded, unload_after=args.unload_after,
                                  device=args.device, backend=args.backend,
                                  threads=args.threads, batch_images=args.batch_images,
-                                 batch_wait_ms=args.batch_wait_ms)
+                                 batch_wait_ms=args.batch_wait_ms,
+                                 answer_every_ms=args.answer_every_ms)
         elif args.command == "run":
             from ciosl.evaluation.experiment import (
                 ExperimentSpec,

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import time
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -203,6 +204,9 @@ class Learner(AllOrNothing, Persistent, Configurable):
             if not reading and not asked[0]:
                 self.__dict__.pop("_pub", None)
                 return
+            if (not reading and "_pub" in self.__dict__ and self.__dict__.get("_answer_every")
+                    and time.monotonic() < self.__dict__.get("_pub_until", 0.0)):
+                return  # bounded staleness (ciosl serve --answer-every-ms): the answer stands
             self._answer_now()  # nothing to do after a prediction
         state = dict(self.__dict__)
         state.pop("_pub", None)
@@ -216,6 +220,8 @@ class Learner(AllOrNothing, Persistent, Configurable):
         pub = object.__new__(type(self))
         pub.__dict__.update(state)
         self._pub = pub
+        if self.__dict__.get("_answer_every"):  # published at most every _answer_every seconds
+            self._pub_until = time.monotonic() + self._answer_every
         if self.keeps_answer and not reading:  # last: a publish cut short is done again whole
             asked[0] = False
 

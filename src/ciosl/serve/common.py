@@ -33,6 +33,9 @@ class Options:
     # CPU to the threads that answer first, so learning slows down before answers do
     writer_nice: int = 10
     feedback_window: int = 10_000  # predictions whose features are kept for feedback
+    # a closed form's answer (ncm, slda, rp_lda, ranpac) is brought current at most every this
+    # many ms while predictions are asked (0: after every learn, exact); answers say their seq
+    answer_every_ms: float = 0.0
 
     def __post_init__(self) -> None:
         """Each value checked, its flag named (one line): a bad one fails at start, never in
@@ -50,6 +53,9 @@ class Options:
         if not 1 <= self.feedback_window <= 10_000_000:
             raise ServeError(f"--feedback-window must be in 1..10000000, got "
                              f"{self.feedback_window}")
+        t = self.answer_every_ms
+        if not (isinstance(t, int | float) and math.isfinite(t) and 0 <= t <= 60_000):
+            raise ServeError(f"--answer-every-ms must be a number in 0..60000, got {t}")
         if not 0 <= self.writer_nice <= 19:
             raise ServeError(f"--writer-nice must be in 0..19, got {self.writer_nice}")
 

@@ -189,11 +189,12 @@ def serve_command(folder: str, method: str | None, overrides: dict[str, str], *,
                   header_timeout: float = 30.0, max_connections: int = 1000,
                   id_window: int = 1_000_000, id_window_bytes: int = 64 << 20,
                   feedback_window: int = 10_000, max_loaded: int = 256,
-                  unload_after: float = 600.0, **kw) -> int:
+                  unload_after: float = 600.0, answer_every_ms: float = 0.0, **kw) -> int:
     """``ciosl serve``'s flags, checked (each named, in one line), then ``serve``."""
     options = Options(snapshot_every=snapshot_every, snapshot_seconds=snapshot_seconds,
                       writer_nice=writer_nice, id_window=id_window,
-                      id_window_bytes=id_window_bytes, feedback_window=feedback_window)
+                      id_window_bytes=id_window_bytes, feedback_window=feedback_window,
+                      answer_every_ms=answer_every_ms)
     for flag, value, lo, hi in (("--max-batch", max_batch, 1, 1 << 20),
                                 ("--max-body", max_body, 1024, 1 << 32),
                                 ("--max-json-body", max_json_body, 1024, 1 << 30),

@@ -34,6 +34,8 @@ from ciosl.serial import digest
 from ciosl.serve import folder as folder_mod
 from ciosl.serve import ids as ids_mod
 from ciosl.serve import wal
+from ciosl.serve.answers import apply_request as _apply  # noqa: F401 (tests: sv._apply)
+from ciosl.serve.answers import idle_wait, refresh_answer, seq_of, staleness
 from ciosl.serve.common import (  # noqa: F401 (the names this module always offered)
     MAX_SECONDS,
     Options,
@@ -73,17 +75,6 @@ class _Job:
     pids: list | None = None  # feedback: the prediction ids, and the rows kept for them
     kept: list | None = None
     future: cf.Future = field(default_factory=cf.Future)
-
-
-def _apply(learner: Learner, x: np.ndarray, y: list) -> None:
-    """One request's update: ``learn_one`` for one sample, ``learn_many`` for more (replay
-    makes the same calls), always on an aligned, C-contiguous float32 array: the live path
-    and recovery feed the learner the same layout, so they give the same bits."""
-    x = np.require(x, np.float32, ["C_CONTIGUOUS", "ALIGNED"])
-    if len(y) == 1:
-        learner.learn_one(x[0], y[0])
-    else:
-        learner.learn_many(x, y)
 
 
 class Service:
@@ -126,6 +117,7 @@ class Service:
         self._claim_folder()
         try:
             self._recover()
+            staleness(self)  # --answer-every-ms
             self.window = PredictionWindow(self.folder, self.options.feedback_window)
         except BaseException:
             self._release()
@@ -259,7 +251,7 @@ class Service:
         learner = self.learner
         view = learner.published()
         if view is not None:
-            seq, classes = self.seq, list(view.classes_)
+            seq, classes = seq_of(self, view), list(view.classes_)  # --answer-every-ms
             P = view.predict_proba(X)
             novelty = novelty_of(view, X, P)
         else:
@@ -361,10 +353,12 @@ class Service:
 
     def _write_loop(self) -> None:
         while True:
-            timeout = self.options.snapshot_seconds or None
+            timeout, stale = idle_wait(self)  # a stale answer: brought current when idle
             try:
                 first = self._queue.get(timeout=timeout)
             except queue.Empty:
+                if stale:
+                    refresh_answer(self)
                 self._maybe_snapshot(idle=True)
                 continue
             jobs = self._in_hand = [first]
@@ -436,7 +430,7 @@ class Service:
                 continue
             before = len(learner.classes_)
             try:
-                _apply(learner, x, y)
+                _apply(learner, x, y, self.seq + 1)
             except (ValueError, TypeError) as e:
                 job.future.set_result(Answer(422, {"error": _one_line(e)}))
                 continue
