@@ -102,11 +102,13 @@ async function signIn(value, quiet) {
     const asked = location.hash.slice(1);
     show(asked && asked !== "signin" ? asked : "learners");
   } catch (e) {
-    setToken(null);
+    if (e instanceof ApiError && e.status === 401) setToken(null); // else: kept for a retry
     $("nav").hidden = true;
     show("signin");
-    if (quiet) return;
-    if (e instanceof ApiError && e.status === 401) {
+    if (quiet && e instanceof ApiError && e.status === 401) {
+      say("signin-error", "The token this tab kept was refused (has the server a new one?): " +
+          "sign in again");
+    } else if (e instanceof ApiError && e.status === 401) {
       say("signin-error", `Wrong token: the server refused it (${oneLine(e.message)})`);
     } else fail("signin-error", e);
   }
