@@ -149,6 +149,8 @@ def main() -> None:
     p.add_argument("--cold", type=int, default=20, help="unloaded learners asked")
     p.add_argument("--clients", type=int, default=10)
     p.add_argument("--seconds", type=float, default=10.0)
+    p.add_argument("--repeats", type=int, default=3, help="each comparison run this many "
+                   "times, its two sides alternating (the median is reported)")
     a = p.parse_args()
     rng = np.random.default_rng(0)
     result: dict = {"args": vars(a)}
@@ -157,10 +159,16 @@ def main() -> None:
         try:
             result["many"] = many(url, proc, a, rng)
             names = [f"m{i:04d}" for i in range(10)]
-            result["one_learner"] = load(url, names[:1], a, rng)
-            result["ten_learners"] = load(url, names, a, rng)
-            result["learns_one"] = load(url, names[:1], a, rng)
-            result["feedback_one"] = load(url, names[:1], a, rng, feedback=True)
+            runs: dict = {k: [] for k in ("one_learner", "ten_learners", "learns_one",
+                                          "feedback_one")}
+            for _ in range(a.repeats):  # the sides alternate: a slow minute hits both
+                runs["one_learner"].append(load(url, names[:1], a, rng))
+                runs["ten_learners"].append(load(url, names, a, rng))
+                runs["learns_one"].append(load(url, names[1:2], a, rng))
+                runs["feedback_one"].append(load(url, names[1:2], a, rng, feedback=True))
+            for key, rows in runs.items():
+                result[key] = {f: float(np.median([r[f] for r in rows])) for f in rows[0]}
+                result[key]["per_s_runs"] = [r["per_s"] for r in rows]
             result["rss_mib_end"], result["peak_rss_mib_end"] = memory(proc.pid)
         finally:
             proc.terminate()

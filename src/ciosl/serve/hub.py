@@ -323,9 +323,9 @@ class Hub:
         service = entry.service if entry is not None else None
         if service is not None:
             return self._loaded_row(name, service)
-        if name in self._rows:
-            return {**self._rows[name], "loaded": False}
-        return self._folder_row(name)
+        if name not in self._rows:  # read once: a learner not loaded does not change
+            self._rows[name] = self._folder_row(name)
+        return {**self._rows[name], "loaded": False}
 
     def _loaded_row(self, name: str, service: Service) -> dict:
         st = service.status()
