@@ -188,3 +188,14 @@ def _refused(*args, env) -> str:
     assert r.returncode != 0 and "Traceback" not in r.stderr
     assert r.stderr.count("\n") == 1, r.stderr
     return r.stderr.strip()
+
+
+def test_a_learn_with_check_parses_and_checks_and_learns_nothing(server):
+    with server.http() as h:
+        before = h.get("/v1/state").json()
+        r = h.post("/v1/learn?check=1", **_raw(_frames(2, seed=5), [7, 8]))
+        assert r.json() == {"checked": 2, "learned": 0}
+        bad = h.post("/v1/learn?check=1", **_raw(_frames(2), [7, 8], shape="2,20,21,3"))
+        assert bad.status_code == 400 and bad.json()["error"].startswith("body: 2400 bytes")
+        after = h.get("/v1/state").json()
+    assert after == before  # nothing learned, nothing logged, no new class

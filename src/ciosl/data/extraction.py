@@ -74,9 +74,11 @@ class Extractor:
                 "backend": self.backend, "device": self.device}
 
     def forward(self, x: torch.Tensor) -> np.ndarray:
-        """(n, d) float32 features of a prepared batch: ``runner.batch`` images per call,
-        ``runner.workers`` calls at a time (a pool kept for the extractor's life)."""
-        step = self.runner.batch
+        """(n, d) float32 features of a prepared batch: at most ``runner.batch`` images per
+        call, ``runner.workers`` calls at a time (a pool kept for the extractor's life), a batch
+        of fewer than ``batch x workers`` images split evenly over the workers."""
+        w = self.runner.workers  # a small batch is shared by the workers too (a served one)
+        step = max(1, min(self.runner.batch, -(-len(x) // w))) if w > 1 else self.runner.batch
         spans = [(s, min(len(x), s + step)) for s in range(0, len(x), step)]
         with torch.inference_mode():
             if self.runner.workers <= 1 or len(spans) == 1:

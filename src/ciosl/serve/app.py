@@ -244,6 +244,8 @@ class Api:
                 dim = service.learner.dim_
                 if dim is not None and x.shape[1] != dim:
                     raise Refused(422, f"x: width {x.shape[1]}, this learner's is {dim}")
+                if request.query_params.get("check") == "1":  # parsed and checked, no more
+                    return 200, {"checked": len(y), "learned": 0}
                 await order.turn(ticket)
                 future = service.submit_learn(x, y, rid)
             finally:
