@@ -259,12 +259,15 @@ class Hub:
         if entry is None or not entry.load_lock.acquire(blocking=False):
             return False
         try:
-            with self._lock:
+            with self._lock:  # a request for it now waits for the load lock, then reloads it
                 if entry.users or entry.service is None:
                     return False
-                service, entry.service = entry.service, None
+                service = entry.service
             self._rows[name] = self._loaded_row(name, service)
-            service.close()
+            try:
+                service.close()
+            finally:
+                entry.service = None  # counted as loaded until it is closed
             return True
         finally:
             entry.load_lock.release()
