@@ -47,6 +47,10 @@ def test_feedback_twice_is_learned_once_and_scores_the_answer_given(server):
         assert both["correct"] == [False, True]
         assert c.state()["seen"] == seen + 2
         live = c.live()
+        text = c.metrics()  # the same figures, labelled by learner
+    assert 'ciosl_learner_accuracy{learner="default"} 0.5' in text
+    assert 'ciosl_learner_recall{label="1",learner="default"} 0.5' in text
+    assert 'ciosl_learner_feedback{learner="default"} 2.0' in text
     assert live["feedback"] == 2 and live["accuracy"] == 0.5
     assert live["recall"] == {"1": 0.5}
     assert live["confusion"] == {"labels": [0, 1], "matrix": [[0, 0], [1, 1]]}

@@ -15,6 +15,10 @@ PER_LEARNER = (("seen", "samples the learner has seen"), ("classes", "classes le
                ("seq", "last log record"), ("loaded", "1 when loaded in memory"),
                ("feedback", "feedback rows scored (the live score)"),
                ("accuracy", "live accuracy of the answers corrected since start"))
+# the rest of the live score, for the learners loaded (from their score, not their snapshot)
+LIVE = (("accuracy_last", "live accuracy over the last --feedback-window corrections"),
+        ("new_class_rate", "corrections to a class new at the time answered as a known one"),
+        ("new_class_auroc", "AUROC of the novelty score for classes new at the time"))
 
 
 class _Learners:
@@ -26,6 +30,10 @@ class _Learners:
     def collect(self):
         families = {k: GaugeMetricFamily(f"ciosl_learner_{k}", text, labels=["learner"])
                     for k, text in PER_LEARNER}
+        live = {k: GaugeMetricFamily(f"ciosl_learner_{k}", text, labels=["learner"])
+                for k, text in LIVE}
+        recall = GaugeMetricFamily("ciosl_learner_recall", "live recall per true label",
+                                   labels=["learner", "label"])
         names = self.hub.names()
         for name in names:
             try:
@@ -36,7 +44,22 @@ class _Learners:
                 value = row.get(key)
                 if value is not None:
                     family.add_metric([name], float(value))
+            entry = self.hub._entries.get(name)
+            service = entry.service if entry is not None else None
+            if service is None or not service.score.n:
+                continue
+            with service.score_lock:
+                fig = service.score.figures()
+            for key, value in (("accuracy_last", fig["accuracy_last"]),
+                               ("new_class_rate", fig["new_class"]["rate"]),
+                               ("new_class_auroc", fig["new_class"]["auroc"])):
+                if value is not None:
+                    live[key].add_metric([name], float(value))
+            for label, value in fig["recall"].items():
+                recall.add_metric([name, label], float(value))
         yield from families.values()
+        yield from live.values()
+        yield recall
         yield GaugeMetricFamily("ciosl_learners", "learners the server holds", value=len(names))
         yield GaugeMetricFamily("ciosl_learners_loaded", "learners loaded in memory (the "
                                 "others are loaded on their next request)",
