@@ -66,3 +66,23 @@ def test_a_thousand_learners_soak(tmp_path):
             classes = h.get(f"/v1/learners/{name}/classes").json()["classes"]
             assert classes[:CLASSES] == list(range(CLASSES))
             assert classes[CLASSES:] == [100 + int(name[1:])]
+
+
+def test_the_many_learners_benchmark_runs_and_reports_its_figures():
+    """benchmarks/serve_many.py at a tiny size (its figures are not asserted: the machine's
+    load decides them; only that it still runs and reports each)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "serve_many.py"
+    out = subprocess.run([sys.executable, str(script), "--learners", "12", "--max-loaded", "4",
+                          "--cold", "3", "--seconds", "0.3", "--repeats", "1", "--clients", "2"],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = json.loads(out.stdout)
+    assert result["many"]["loaded"] <= 4 and result["many"]["cold_answer_ms"]["n"] == 3
+    for key in ("one_learner", "ten_learners", "learns_one", "feedback_one"):
+        assert result[key]["per_s"] > 0 and result[key]["predictions"] > 0
+    assert result["ten_over_one"] > 0 and result["feedback_over_learns"] > 0
