@@ -61,6 +61,7 @@ class Api:
                  extractor: str | None = None):
         self.hub, self.token, self.limits, self.embedder = hub, token, limits, embedder
         self.extractor = extractor
+        self.stopping = lambda: False  # the server is stopping: event streams end
         self.metrics = Metrics(hub)
         self.inflight = 0  # bytes of request bodies held now (the event loop's thread only)
         self._big_json = threading.Lock()
@@ -343,7 +344,7 @@ class Api:
                         for event in log.after(after):
                             after = event[0]
                             yield frame(*event)
-                        if await request.is_disconnected():
+                        if self.stopping() or await request.is_disconnected():
                             return
                         await asyncio.sleep(0.2)
                 finally:

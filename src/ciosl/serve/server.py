@@ -144,6 +144,7 @@ def serve(folder: str, method: str | None, overrides: dict[str, str], *,
                                 timeout_keep_alive=max(1, int(header_timeout)),
                                 h11_max_incomplete_event_size=64 * 1024)
         server = uvicorn.Server(config)
+        app.state.api.stopping = lambda: server.should_exit  # open event streams end
         addr = sock.getsockname()
         names = hub.names()
         entry = hub._entries.get(DEFAULT)
