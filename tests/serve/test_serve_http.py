@@ -242,6 +242,9 @@ def test_cli_errors_are_one_line(tmp_path):
     assert r.returncode != 0 and r.stderr.count("\n") == 1 and "not a ciosl serve folder" in r.stderr
     r = _cli("--dir", str(tmp_path / "a"), "--method", "ncm", "--set", "bogus=1")
     assert r.returncode != 0 and r.stderr.count("\n") == 1 and "bogus" in r.stderr
+    r = _cli("--dir", str(tmp_path / "c"), "--feedback-window", "20", "--id-window", "10")
+    assert r.returncode != 0 and r.stderr.count("\n") == 1 and "--feedback-window" in r.stderr
+    assert not (tmp_path / "c").exists()
     r = _cli("--dir", str(tmp_path / "b"), "--method", "nope")
     assert r.returncode != 0 and r.stderr.count("\n") == 1 and "nope" in r.stderr
     assert "Traceback" not in r.stderr

@@ -56,6 +56,10 @@ class Options:
         t = self.answer_every_ms
         if not (isinstance(t, int | float) and math.isfinite(t) and 0 <= t <= 60_000):
             raise ServeError(f"--answer-every-ms must be a number in 0..60000, got {t}")
+        if self.feedback_window > self.id_window:
+            raise ServeError(f"--feedback-window {self.feedback_window} must be at most "
+                             f"--id-window {self.id_window}: a prediction is corrected once "
+                             "while its id is remembered")
         if not 0 <= self.writer_nice <= 19:
             raise ServeError(f"--writer-nice must be in 0..19, got {self.writer_nice}")
 
