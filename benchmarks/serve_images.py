@@ -49,7 +49,7 @@ def png(a: np.ndarray) -> str:
     return base64.b64encode(buf.getvalue()).decode()
 
 
-def in_process(extractor: str, pool: np.ndarray, seconds: float) -> float:
+def in_process(extractor: str, pool: np.ndarray, seconds: float) -> tuple[float, str, str]:
     """Images/s of the extractor called directly on batches of 32 of the same frames."""
     from ciosl.data.extraction import open_extractor
 
@@ -274,7 +274,23 @@ def main() -> None:
 def images(args) -> dict:
     """Served images against the same extractor in-process (the same run)."""
     pool = frames(2048, args.side, 0)
-    rows = []
+    before = in_process(args.extractor, pool, args.seconds)
+    rows, floor = [], {}
+    Z = np.random.default_rng(2).normal(size=(512, 1280)).astype(np.float32)
+    with served("--method", "slda") as (url, token):  # the HTTP floor: one feature row
+        loop(url, token, 0.5, lambda h, k: post(h, "/v1/learn", Z[:64], list(range(64))))
+        for clients in (1, 16):
+            res: list = []
+
+            def ask(i, res=res, clients=clients):
+                res.append(loop(url, token, args.seconds, lambda h, k: post(
+                    h, "/v1/predict", Z[(k * clients + i) % 512][None])))
+            threads = [threading.Thread(target=ask, args=(i,)) for i in range(clients)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            floor[clients] = sum(r[0] for r in res) / args.seconds
     with served("--method", "slda", "--extractor", args.extractor) as (url, token):
         cell(url, token, 1, 32, "learn", "npy", pool, 1.0)  # classes, warm paths
         for clients, per in ((1, 32), (1, 1), (4, 1), (16, 1), (4, 32), (16, 32)):
@@ -282,9 +298,13 @@ def images(args) -> dict:
                 rows.append(cell(url, token, clients, per, kind, "npy", pool, args.seconds))
         for kind in ("learn", "predict"):
             rows.append(cell(url, token, 1, 32, kind, "png", pool, args.seconds))
-    ref, backend, device = in_process(args.extractor, pool, args.seconds)
+    after = in_process(args.extractor, pool, args.seconds)
+    ref, backend, device = (before[0] + after[0]) / 2, after[1], after[2]
     print(f"\n{args.extractor}, {backend} on {device}, frames {args.side}x{args.side}; "
-          f"in-process extraction {ref:.0f} images/s (same run)\n")
+          f"in-process extraction {ref:.0f} images/s (mean of {before[0]:.0f} before the "
+          f"servers and {after[0]:.0f} after); the HTTP floor (predict of one 1280-d feature "
+          f"row, no extractor): {floor[1]:.0f} requests/s with 1 client, {floor[16]:.0f} with "
+          f"16 ({floor[16] / ref:.2f} of in-process extraction)\n")
     print("| clients x images | body | endpoint | images/s | / in-process | p50 ms | p99 ms |")
     print("|---|---|---|---:|---:|---:|---:|")
     for r in rows:
@@ -296,7 +316,8 @@ def images(args) -> dict:
     many = {r["kind"]: r["p99_ms"] for r in rows if r["clients"] == 16 and r["per"] == 1}
     for kind in one:
         print(f"p99 16 x 1 / p99 1 x 1 ({kind}): {many[kind] / one[kind]:.2f}")
-    return {"in_process": ref, "backend": backend, "device": device, "rows": rows}
+    return {"in_process": ref, "in_process_before_after": [before[0], after[0]],
+            "backend": backend, "device": device, "http_floor": floor, "rows": rows}
 
 
 if __name__ == "__main__":
