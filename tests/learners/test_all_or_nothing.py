@@ -278,12 +278,12 @@ def test_a_fault_inside_the_replay_memory_is_rolled_back_whole(method, settings,
     assert _exact_under_line_faults(method, settings, call, files={"memory.py"}) > 20
 
 
-@pytest.mark.parametrize(("method", "call"), [("slda", "learn_one known"),
-                                              ("slda", "learn_many new"),
-                                              ("ncm", "learn_one new")])
-def test_a_rolled_back_call_leaves_the_kept_answer_as_it_was(method, call):
+@pytest.mark.parametrize(("method", "settings", "call"), [
+    ("slda", {}, "learn_one known"), ("slda", {}, "learn_many new"), ("ncm", {}, "learn_one new"),
+    ("ranpac", {"proj_dim": 32}, "learn_one known")])
+def test_a_rolled_back_call_leaves_the_kept_answer_as_it_was(method, settings, call):
     """Faults at every line of a call of a learner that keeps its answer between predictions
     (catching up on the rows learned since): a rolled-back call once dropped the kept answer,
     and a publish cut short once skipped bringing it current, so the next answers were taken
     afresh where a twin's caught up, and differed in the last bits."""
-    assert _exact_under_line_faults(method, {}, call) > 200
+    assert _exact_under_line_faults(method, settings, call) > 200

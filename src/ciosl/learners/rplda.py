@@ -191,8 +191,10 @@ class RPLDA(Learner):
     # ------------------------------------------------------------------ all-or-nothing
     def _undo_record(self, yi: np.ndarray) -> dict[str, Any]:
         """Two counts; ``_commit`` adds what it is about to overwrite (the waiting rows, the
-        second moment, the rows of the classes in the block)."""
-        self._journal = {"n_pending": self.n_pending, "rows": []}
+        second moment, the rows of the classes in the block), and the kept answer with the
+        buffers it reads (references: ``blocks.BlockMeans._undo_record``)."""
+        self._journal = {"n_pending": self.n_pending, "rows": [], "kept": (
+            self._gen, self._prev, self.pending_z, self.pending_y, self._answer)}
         return self._journal
 
     def _save_before_commit(self, y: torch.Tensor) -> None:
@@ -217,7 +219,8 @@ class RPLDA(Learner):
             self.shift, self.m2, self.n_committed = record["moments"]
         self.n_pending = record["n_pending"]
         self._journal = None
-        self._new_generation()
+        # the kept answer as it was: the next answer is a twin's, to the bit (as BlockMeans)
+        self._gen, self._prev, self.pending_z, self.pending_y, self._answer = record["kept"]
 
     def _undo_done(self, record: dict[str, Any]) -> None:
         self._journal = None
