@@ -137,3 +137,42 @@ def test_a_single_learner_folder_serves_as_default_and_takes_others(tmp_path):
         assert h.get("/v1/classes").status_code == 404
     assert not (tmp_path / "ciosl-serve.json").exists()
     assert (tmp_path / "learners" / "other" / "ciosl-serve.json").exists()
+
+
+def _read_only(folder, on: bool) -> None:
+    """``folder`` and what it holds made read-only (``on``) or writable again: the mode bits
+    for a user, the immutable attribute for root (whom the mode bits do not stop)."""
+    import os
+    import subprocess
+
+    paths = [folder, *sorted(folder.rglob("*"))]
+    if os.geteuid() == 0:
+        subprocess.run(["chattr", "+i" if on else "-i", *map(str, paths)], check=True,
+                       capture_output=True)
+    else:
+        for p in paths:
+            p.chmod((p.stat().st_mode & ~0o222) if on else (p.stat().st_mode | 0o200))
+
+
+def test_a_learner_whose_folder_turns_read_only_fails_alone(tmp_path):
+    with Server(tmp_path) as s, s.http() as h:
+        for name in ("ok", "ro"):
+            h.post("/v1/learners", json={"name": name, "method": "ncm"})
+            h.post(f"/v1/learners/{name}/learn", json={"x": X.tolist(), "y": [0, 1]})
+        folder = tmp_path / "learners" / "ro"
+        _read_only(folder, True)
+        try:
+            r = h.post("/v1/learners/ro/learn", json={"x": X.tolist(), "y": [0, 1], "id": "r1"})
+            assert r.status_code == 503, r.text  # not acknowledged: it could not be made durable
+            assert "\n" not in r.json()["error"]
+            for i in range(3):  # the others go on learning and answering
+                assert h.post("/v1/learners/ok/learn", json={"x": X.tolist(), "y": [0, 1],
+                                                             "id": f"ok{i}"}).status_code == 200
+                assert h.post("/v1/learners/ok/predict",
+                              json={"x": X.tolist()}).json()["label"] == [0, 1]
+            assert h.post("/v1/learners/ro/learn", json={"x": X.tolist(), "y": [0, 1]}) \
+                .status_code == 503  # it fails alone, and keeps failing
+            assert h.get("/v1/learners/ok/state").json()["seen"] == 8
+            assert h.get("/v1/health").status_code == 200
+        finally:
+            _read_only(folder, False)
