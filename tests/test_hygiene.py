@@ -117,3 +117,15 @@ def test_no_test_file_imports_another_test_module():
             if name.startswith("test_") or modules[name] not in (tests, path.parent):
                 wrong.append(f"{path.relative_to(ROOT)} imports {name}")
     assert wrong == [], wrong
+
+
+def test_test_file_names_are_unique_across_folders():
+    """pytest imports test files by their basename (no packages under tests/): two files of one
+    name in two folders stop the whole suite at collection ("import file mismatch"), which a
+    run of one folder does not show (tests/serve/test_learners.py beside
+    tests/learners/test_learners.py did)."""
+    seen: dict[str, list[str]] = {}
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        if "__pycache__" not in path.parts and path.name != "__init__.py":
+            seen.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    assert {k: v for k, v in seen.items() if len(v) > 1} == {}
