@@ -31,6 +31,22 @@ BACKBONE = (
     "        return torch.relu(self.conv(x))\n"
     "def make():\n"
     "    return Net(), {'size': 16}\n"
+    "def make_slow():\n"
+    "    import time\n"
+    "    import numpy as np\n"
+    "    torch.manual_seed(0)\n"
+    "    def prepare(images):\n"
+    "        a = images if isinstance(images, np.ndarray) else np.stack(images)\n"
+    "        if not a.any():  # an all-black request: prepared once the test says so\n"
+    "            import os, pathlib\n"
+    "            pathlib.Path(os.environ['G_MARK']).touch()\n"
+    "            for _ in range(600):\n"
+    "                if pathlib.Path(os.environ['G_RELEASE']).exists():\n"
+    "                    break\n"
+    "                time.sleep(0.05)\n"
+    "        x = torch.from_numpy(np.ascontiguousarray(a)).float().permute(0, 3, 1, 2)\n"
+    "        return torch.nn.functional.interpolate(x / 255, size=(16, 16))\n"
+    "    return torch.nn.Conv2d(3, 4, 3), prepare\n"
     "def make_other():\n"
     "    torch.manual_seed(1)\n"
     "    return torch.nn.Conv2d(3, 6, 3), {'size': 16}\n")
@@ -199,3 +215,39 @@ def test_a_learn_with_check_parses_and_checks_and_learns_nothing(server):
         assert bad.status_code == 400 and bad.json()["error"].startswith("body: 2400 bytes")
         after = h.get("/v1/state").json()
     assert after == before  # nothing learned, nothing logged, no new class
+
+
+def test_learns_reach_the_writer_in_the_order_their_bodies_arrived(tmp_path, env):
+    """A learn whose images are slow to prepare (held until the test releases them), then one
+    sent after it that is quick: the quick one waits its turn (its record follows the slow
+    one's), and a prediction meanwhile does not wait."""
+    import threading
+    import time
+
+    mark, release = tmp_path / "mark", tmp_path / "release"
+    env = {**env, "G_MARK": str(mark), "G_RELEASE": str(release)}
+    with Server(tmp_path / "srv", "--method", "ncm", "--extractor", "module:g_backbone:make_slow",
+                env=env) as s, s.http() as h:
+        assert h.post("/v1/learn", **_raw(_frames(2, seed=3), [0, 1])).status_code == 200
+        answers = {}
+
+        def send(name, frames, label):
+            with s.http() as hh:
+                answers[name] = hh.post("/v1/learn", **_raw(frames, [label])).json()
+        slow = threading.Thread(target=send, args=("slow", np.zeros((1, 20, 20, 3), np.uint8),
+                                                   0))
+        slow.start()
+        for _ in range(1200):  # hang guard: 60 s
+            if mark.exists():
+                break
+            time.sleep(0.05)
+        assert mark.exists()  # the slow learn's body is in, its images held
+        quick = threading.Thread(target=send, args=("quick", _frames(1, seed=4), 1))
+        quick.start()
+        asked = h.post("/v1/predict", **_raw(_frames(1, seed=5)))
+        assert asked.status_code == 200 and "slow" not in answers  # answered meanwhile
+        time.sleep(1.0)  # room for the quick learn to overtake, were it allowed to
+        release.touch()
+        slow.join(60)
+        quick.join(60)
+    assert answers["slow"]["seq"] == 2 and answers["quick"]["seq"] == 3, answers

@@ -71,7 +71,8 @@ class Batcher:
         finally:
             with self.cond:
                 self.arrivals -= 1
-                self.cond.notify_all()
+                if self.arrivals == 0:  # else the next run() wakes the batcher anyway
+                    self.cond.notify_all()
 
     def run(self, x: torch.Tensor) -> np.ndarray:
         """(n, d) features of the prepared images ``x``, extracted in the batches they join;
