@@ -1,7 +1,10 @@
-"""Images sent to a server started with ``--extractor``: decoded with Pillow (PNG, JPEG, WebP;
-grey, palette and alpha converted to RGB), then the frozen extractor with the feature cache's
-preprocessing. The features are the extractor's raw pre-logit outputs: a served stream has no
-train split to standardise them by, as the benchmark's cached features are."""
+"""Images sent to a server started with ``--extractor``: encoded files decoded with Pillow (PNG,
+JPEG, WebP; grey, palette and alpha converted to RGB) or raw uint8 frames (``inputs.frames``),
+prepared in the request's thread and extracted in the batches of ``batching.Batcher`` by the
+extractor ``ciosl features`` runs (``ciosl.data.extraction``: same preprocessing, device,
+backend and threads). The features are the extractor's raw pre-logit outputs: a served stream
+has no train split to standardise them by, as the benchmark's cached features are. The folder
+records the extractor (``pin_extractor``: ``DIR/extractor.json``)."""
 
 from __future__ import annotations
 
