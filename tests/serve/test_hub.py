@@ -176,3 +176,20 @@ def test_a_learner_whose_folder_turns_read_only_fails_alone(tmp_path):
             assert h.get("/v1/health").status_code == 200
         finally:
             _read_only(folder, False)
+
+
+def test_a_request_reaching_a_deleted_learner_hears_that_it_was_deleted(tmp_path):
+    from ciosl.serve.hub import Hub
+
+    hub = Hub(tmp_path).open()
+    try:
+        hub.create("gone", "ncm", {})
+        service = hub.acquire("gone")  # held by a request in flight while another deletes
+        service.submit_learn(X, [0, 1], "before").result()
+        hub.release("gone")
+        assert hub.delete("gone", "gone") == {"deleted": "gone"}
+        answer = service.submit_learn(X, [0, 1], "after").result()
+        assert answer.status == 503
+        assert answer.body == {"error": "learner 'gone' was deleted"}
+    finally:
+        hub.close()

@@ -303,7 +303,9 @@ class Hub:
             entry = self._entries.pop(name, None) or _Entry()
         with entry.load_lock:
             if entry.service is not None:
-                entry.service.close()
+                entry.service.close()  # what was queued is applied and acknowledged first
+                # a request that still reaches it hears why, not that a thread stopped
+                entry.service.broken = f"learner {name!r} was deleted"
                 entry.service = None
         folder = self.folder_of(name)
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
