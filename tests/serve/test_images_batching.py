@@ -103,6 +103,23 @@ def test_a_failed_batch_fails_only_its_requests_in_one_line():
     b.close()
 
 
+def test_the_batcher_outlives_a_network_that_ends_the_program():
+    calls = []
+
+    def forward(x):
+        calls.append(len(x))
+        if len(calls) == 1:
+            raise SystemExit(3)  # a user's module calling sys.exit
+        return x.sum(dim=1, keepdim=True).numpy()
+
+    b = Batcher(forward, max_images=8, wait_ms=0)
+    with ThreadPoolExecutor(1) as pool:
+        with pytest.raises(BatchFailed, match="^SystemExit: 3$"):
+            pool.submit(b.run, _rows(1)).result(GUARD)
+        assert pool.submit(b.run, _rows(1, 2)).result(GUARD).tolist() == [[6.0]]
+    b.close()
+
+
 def test_learns_take_their_turn_in_arrival_order():
     async def main():
         gate, order = Turnstile(), []
