@@ -269,8 +269,7 @@ def test_a_fault_opening_or_closing_a_call_leaves_it_before_or_done(method, call
 
 
 @pytest.mark.parametrize(("method", "settings", "call"), [
-    ("gdumb", {"buffer": 12, "retrain_epochs": 10}, "learn_one new"),
-    ("ciosl", {"buffer": 16}, "learn_one new")])
+    ("gdumb", {"buffer": 12, "retrain_epochs": 10}, "learn_one new")])
 def test_a_fault_inside_the_replay_memory_is_rolled_back_whole(method, settings, call):
     """Faults at every line of the replay memory's code in a step that replaces an item of a
     full memory: a fault between a row's write and its class count once left the counts off
