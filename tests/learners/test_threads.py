@@ -9,6 +9,7 @@ import threading
 
 import numpy as np
 import pytest
+import torch
 
 from ciosl import make_learner
 from ciosl.learners.base import lock_of
@@ -99,3 +100,49 @@ def test_a_published_state_is_read_only():
     with pytest.raises(TypeError, match="published state"):
         view.learn_one(x[0], 0)
     assert make_learner("slda").fit_base(x[:12], y[:12]).published() is None
+
+
+@pytest.mark.parametrize("method", ["ncm"])
+def test_a_fault_anywhere_in_a_call_leaves_the_learners_lock_free(method):
+    """A KeyboardInterrupt at any line of ciosl's code inside ``learn_one`` and
+    ``predict_proba`` (a trace function raises it) never leaves the learner's lock held:
+    another thread takes it at once. A ``with lock:`` did, when the fault came at its exit:
+    every other thread then waited for good."""
+    from ciosl.conformance_faults import _LineFaults
+
+    rng = np.random.default_rng(0)
+    Z = rng.normal(size=(12, D)).astype(np.float32)
+    y = [i % 3 for i in range(12)]
+
+    def fresh():
+        learner = make_learner(method)
+        learner.fit_base(Z[:6], y[:6])
+        return learner
+
+    def free(learner) -> bool:
+        out = []
+        t = threading.Thread(target=lambda: out.append(lock_of(learner).acquire(blocking=False)))
+        t.start()
+        t.join()
+        return out == [True]
+
+    calls = {"learn_one": lambda L: L.learn_one(Z[7], y[7]),
+             "learn_one (new class)": lambda L: L.learn_one(Z[8], 9),
+             "predict_proba": lambda L: L.predict_proba(Z[:2])}
+    for what, call in calls.items():
+        counter = _LineFaults(None, KeyboardInterrupt)
+        with counter:
+            call(fresh())
+        held = []
+        for k in range(1, counter.n + 1):
+            learner = fresh()
+            try:
+                with _LineFaults(k, KeyboardInterrupt):
+                    call(learner)
+            except KeyboardInterrupt:
+                pass
+            finally:  # torch's grad mode is the thread's, not the learner's (as check_faults)
+                torch.set_grad_enabled(True)
+            if not free(learner):
+                held.append(k)
+        assert held == [], f"{method} {what}: the lock stayed held after a fault at lines {held}"

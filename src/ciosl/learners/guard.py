@@ -96,13 +96,8 @@ def _no_exit(fn: Callable) -> Callable:
                 pub = state.get("_pub")
                 if pub is not None:
                     return fn(pub, *args, **kwargs)
-                with lock_of(self):
-                    out = fn(self, *args, **kwargs)
-                    if self.keeps_answer:  # its answer is current now: later reads need no lock
-                        self._publish(reading=True)
-                    return out
-            with lock_of(self):
-                return fn(self, *args, **kwargs)
+                return _locked(self, lambda: _read_and_publish(self, fn, args, kwargs))
+            return _locked(self, lambda: fn(self, *args, **kwargs))
         except SystemExit as e:
             raise LearnerError(f"{describe_learner(self)}: {fn.__name__} called "
                                f"sys.exit({e.code!r}); a learner must raise an exception, "
@@ -115,6 +110,32 @@ def _no_exit(fn: Callable) -> Callable:
 
     guarded._ciosl_no_exit = True  # type: ignore[attr-defined]
     return guarded
+
+
+def _read_and_publish(self, fn: Callable, args: tuple, kwargs: dict) -> Any:
+    out = fn(self, *args, **kwargs)
+    if self.keeps_answer:  # its answer is current now: later reads need no lock
+        self._publish(reading=True)
+    return out
+
+
+def _locked(learner: Any, call: Callable[[], Any]) -> Any:
+    """``call()`` holding ``learner``'s lock, released whatever is raised
+    wherever: a ``with`` block leaves the lock held when a KeyboardInterrupt (or a trace
+    function's fault) comes at its exit, and every other thread then waits for good. The lock
+    is taken on one line (``held`` is set with it) and released in a one-line ``try`` whose
+    handler releases it if the fault came before the release."""
+    lock = lock_of(learner)
+    held = False
+    try:
+        held = lock.acquire()
+        return call()
+    finally:
+        try: held = held and lock.release()  # noqa: E701 (one line; release gives None)
+        except BaseException:
+            if held:
+                lock.release()
+            raise
 
 
 def _own_files(cls: type) -> set[str]:
