@@ -51,6 +51,7 @@ class Learner:
         self.acked: set[str] = set()
         self.answers: dict[str, tuple] = {}  # pid -> (features, true y, the answer)
         self.corrected: dict[str, dict] = {}  # pid -> its first acknowledged feedback answer
+        self.done = 0  # operations answered (a kill waits for a number of them, not a time)
 
     def run(self, server, stop):
         with server.client(learner=self.name, retries=0, timeout=10) as c:
@@ -61,6 +62,7 @@ class Learner:
                 except Exception:  # noqa: BLE001 (killed: its fate is unknown, send it again)
                     self.ops.appendleft(op)
                     return
+                self.done += 1
 
     def _do(self, c, op):
         kind, key = op
@@ -105,9 +107,16 @@ def test_sigkill_while_three_learners_are_taught_asked_and_corrected(tmp_path):
             threads = [threading.Thread(target=lr.run, args=(s, stop)) for lr in learners]
             for t in threads:
                 t.start()
-            if not last:
-                time.sleep(float(rng.uniform(0.1, 0.4)))
-                s.kill()  # SIGKILL, mid-load
+            if not last:  # SIGKILL mid-load, after 5-40 answered operations of this life
+                # (counted, not timed: on a quick machine a timed kill came after the scripts'
+                # end; 20 lives of at most 40 leave most of the ~3,000 operations to go)
+                start, target = sum(lr.done for lr in learners), int(rng.integers(5, 41))
+                deadline = time.monotonic() + 300  # a hang guard, not a timing assertion
+                while (sum(lr.done for lr in learners) - start < target
+                       and any(t.is_alive() for t in threads)):
+                    assert time.monotonic() < deadline, "no progress within 300 s"
+                    time.sleep(0.005)
+                s.kill()
                 stop.set()
                 for t in threads:
                     t.join()
