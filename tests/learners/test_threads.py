@@ -4,6 +4,7 @@ predict and save is the conformance suite's ``check_threads``, for every learner
 
 from __future__ import annotations
 
+import copy
 import sys
 import threading
 
@@ -102,21 +103,26 @@ def test_a_published_state_is_read_only():
     assert make_learner("slda").fit_base(x[:12], y[:12]).published() is None
 
 
-@pytest.mark.parametrize("method", ["ncm"])
+@pytest.mark.parametrize("method", ["ncm", "finetune"])
 def test_a_fault_anywhere_in_a_call_leaves_the_learners_lock_free(method):
     """A KeyboardInterrupt at any line of ciosl's code inside ``learn_one`` and
     ``predict_proba`` (a trace function raises it) never leaves the learner's lock held:
     another thread takes it at once. A ``with lock:`` did, when the fault came at its exit:
-    every other thread then waited for good."""
+    every other thread then waited for good. Nor torch's grad mode off (finetune's step
+    runs parts under ``torch.no_grad()``)."""
     from ciosl.conformance_faults import _LineFaults
 
     rng = np.random.default_rng(0)
     Z = rng.normal(size=(12, D)).astype(np.float32)
     y = [i % 3 for i in range(12)]
 
+    base = make_learner(method)
+    base.fit_base(Z[:6], y[:6])
+    state = base.state_dict()
+
     def fresh():
         learner = make_learner(method)
-        learner.fit_base(Z[:6], y[:6])
+        learner.load_state_dict(copy.deepcopy(state))
         return learner
 
     def free(learner) -> bool:
@@ -133,7 +139,7 @@ def test_a_fault_anywhere_in_a_call_leaves_the_learners_lock_free(method):
         counter = _LineFaults(None, KeyboardInterrupt)
         with counter:
             call(fresh())
-        held = []
+        held, grad_off = [], []
         for k in range(1, counter.n + 1):
             learner = fresh()
             try:
@@ -141,8 +147,10 @@ def test_a_fault_anywhere_in_a_call_leaves_the_learners_lock_free(method):
                     call(learner)
             except KeyboardInterrupt:
                 pass
-            finally:  # torch's grad mode is the thread's, not the learner's (as check_faults)
+            if not torch.is_grad_enabled():  # the thread's grad mode, as it was too
+                grad_off.append(k)
                 torch.set_grad_enabled(True)
             if not free(learner):
                 held.append(k)
         assert held == [], f"{method} {what}: the lock stayed held after a fault at lines {held}"
+        assert grad_off == [], f"{method} {what}: grad mode left off by a fault at {grad_off}"

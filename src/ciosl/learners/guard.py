@@ -124,15 +124,18 @@ def _locked(learner: Any, call: Callable[[], Any]) -> Any:
     wherever: a ``with`` block leaves the lock held when a KeyboardInterrupt (or a trace
     function's fault) comes at its exit, and every other thread then waits for good. The lock
     is taken on one line (``held`` is set with it) and released in a one-line ``try`` whose
-    handler releases it if the fault came before the release."""
-    lock = lock_of(learner)
+    handler releases it if the fault came before the release. Torch's grad mode (the
+    thread's) is put back as it was the same way."""
+    lock, grad = lock_of(learner), torch.is_grad_enabled()
     held = False
     try:
         held = lock.acquire()
         return call()
-    finally:
-        try: held = held and lock.release()  # noqa: E701 (one line; release gives None)
+    finally:  # torch's grad mode as it was, too: a fault at the exit of a learner's
+        # ``torch.no_grad()`` block left it off for the thread, and its next step failed
+        try: torch.set_grad_enabled(grad); held = held and lock.release()  # noqa: E701, E702
         except BaseException:
+            torch.set_grad_enabled(grad)
             if held:
                 lock.release()
             raise
