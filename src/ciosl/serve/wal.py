@@ -61,16 +61,27 @@ class Record:
         return len(self.y)
 
 
-def encode(seq: int, x: np.ndarray, y: list, rid: str | None, fb: list | None = None) -> bytes:
-    """One record's bytes (header and payload)."""
+def payload_of(x: np.ndarray, y: list, rid: str | None, fb: list | None = None) -> bytes:
+    """A record's payload: what both logs hold (a segment here, a JetStream message's body)."""
     x = np.ascontiguousarray(x, dtype="<f4")
     doc = {"id": rid, "y": y, "n": int(x.shape[0]), "d": int(x.shape[1])}
     if fb is not None:
         doc["fb"] = fb
     meta = json.dumps(doc, separators=(",", ":")).encode()
-    payload = struct.pack("<I", len(meta)) + meta + x.tobytes()
+    return struct.pack("<I", len(meta)) + meta + x.tobytes()
+
+
+def encode(seq: int, x: np.ndarray, y: list, rid: str | None, fb: list | None = None) -> bytes:
+    """One record's bytes (header and payload)."""
+    payload = payload_of(x, y, rid, fb)
     crc = zlib.crc32(struct.pack("<Q", seq) + payload)
     return REC_HEADER.pack(REC_MAGIC, len(payload), crc, seq) + payload
+
+
+def decode_payload(seq: int, payload: bytes, where: str) -> Record:
+    """The record numbered ``seq`` from its payload (``payload_of``); ``LogDamaged`` naming
+    ``where`` when it does not decode."""
+    return _decode(seq, payload, where)
 
 
 def _decode(seq: int, payload: bytes, where: str) -> Record:
