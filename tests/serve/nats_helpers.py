@@ -237,3 +237,92 @@ class NatsCluster:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+# ---------------------------------------------------------------------- reading what ciosl wrote
+def _run(coro_fn, url: str, timeout: float = 60):
+    """``coro_fn(js, nc)`` on a fresh nats-py connection to ``url`` (comma-separated)."""
+    import asyncio
+
+    import nats
+
+    async def go():
+        nc = await nats.connect(servers=url.split(","), connect_timeout=2,
+                                max_reconnect_attempts=5, error_cb=_quiet,
+                                disconnected_cb=_quiet, reconnected_cb=_quiet,
+                                closed_cb=_quiet)
+        try:
+            return await asyncio.wait_for(coro_fn(nc.jetstream(timeout=10), nc), timeout)
+        finally:
+            await nc.close()
+
+    return asyncio.run(go())
+
+
+async def _quiet(*_a) -> None:  # nats-py's default callbacks print tracebacks
+    return None
+
+
+def learner_entry(url: str, name: str = "default") -> dict:
+    """The learner ``name``'s value in the ``ciosl_learners`` bucket (stream, subject, ...)."""
+    import json
+
+    async def go(js, nc):
+        kv = await js.key_value("ciosl_learners")
+        return json.loads((await kv.get(name)).value)
+
+    return _run(go, url)
+
+
+def stream_state(url: str, stream: str) -> dict:
+    async def go(js, nc):
+        s = (await js.stream_info(stream)).state
+        return {"messages": s.messages, "first_seq": s.first_seq, "last_seq": s.last_seq}
+
+    return _run(go, url)
+
+
+def read_stream(url: str, stream: str, subject: str) -> list[tuple[int, bytes, str | None]]:
+    """Every message of ``stream`` as ``(seq, payload, Nats-Msg-Id)``, in order, read by an
+    ordered consumer up to the stream's last sequence at the time of the call."""
+    import asyncio
+
+    async def go(js, nc):
+        from nats.js.api import ConsumerConfig, DeliverPolicy
+
+        info = await js.stream_info(stream)
+        last, out = info.state.last_seq, []
+        if info.state.messages == 0:
+            return out
+        sub = await js.subscribe(subject, stream=stream, ordered_consumer=True,
+                                 config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL),
+                                 pending_msgs_limit=-1, pending_bytes_limit=-1)
+        try:
+            while True:
+                msg = await asyncio.wait_for(sub.next_msg(timeout=30), 35)
+                seq = msg.metadata.sequence.stream
+                out.append((seq, msg.data, (msg.headers or {}).get("Nats-Msg-Id")))
+                if seq >= last:
+                    return out
+        finally:
+            await sub.unsubscribe()
+
+    return _run(go, url, timeout=300)
+
+
+def publish(url: str, subject: str, items: list[tuple[bytes, str]], *, stream: str | None = None
+            ) -> list[tuple[int, bool]]:
+    """Publish ``(payload, msg id)`` items in order (JetStream, each acknowledged); their
+    ``(seq, duplicate)``. Many at once: their acks are awaited in windows of 256."""
+    import asyncio
+
+    async def go(js, nc):
+        out = []
+        for i in range(0, len(items), 256):
+            acks = await asyncio.gather(*(
+                js.publish(subject, data, stream=stream, headers={"Nats-Msg-Id": mid})
+                for data, mid in items[i:i + 256]))
+            out.extend((int(a.seq), bool(a.duplicate)) for a in acks)
+        return out
+
+    return _run(go, url, timeout=600)
