@@ -155,3 +155,72 @@ def test_the_log_is_read_one_record_at_a_time(tmp_path, monkeypatch):
     first = next(reader)  # available before the rest is read
     assert first.seq == 1 and first.x.flags.writeable
     assert [r.seq for r in reader] == [2, 3]
+
+
+def _length_field(data: bytearray, start: int) -> None:
+    """Add 64 KiB to the payload length of the record at ``start``: past the end of the file,
+    under the largest length a record may have."""
+    data[start + 4 + 2] ^= 0x01
+
+
+@pytest.mark.parametrize("which", [0, 2])
+def test_a_flipped_bit_in_a_length_field_is_damage_not_a_torn_tail(tmp_path, which):
+    """A length that runs past the end of the file looked like a torn last write (version 1):
+    the record and every one after it would have been cut. The header's own checksum makes it
+    damage, named, wherever the record is (the first of three, and the last)."""
+    recs = _records(1, 3)
+    path = _segment(tmp_path, 0, recs)
+    data = bytearray(path.read_bytes())
+    start = wal.FILE_HEADER.size + sum(len(wal.encode(*r[:3], r[3])) for r in recs[:which])
+    _length_field(data, start)
+    path.write_bytes(bytes(data))
+    with pytest.raises(wal.LogDamaged, match=rf"damaged record at byte {start} \(bad header\)"):
+        wal.read_log(tmp_path, 0)
+
+
+def _v1_segment(folder, base, records):
+    """A segment as ciosl wrote it before the header checksum (format version 1)."""
+    import struct
+    import zlib
+
+    blob = wal.FILE_HEADER.pack(wal.FILE_MAGIC, 1, base)
+    for seq, x, y, rid in records:
+        payload = wal.payload_of(x, y, rid)
+        crc = zlib.crc32(struct.pack("<Q", seq) + payload)
+        blob += wal.REC_HEADER_V1.pack(wal.REC_MAGIC, len(payload), crc, seq) + payload
+    path = folder / wal.segment_name(base)
+    path.write_bytes(blob)
+    return path
+
+
+@pytest.mark.parametrize("torn", [False, True])
+def test_a_version_1_log_is_read_and_continued_in_a_new_segment(tmp_path, torn):
+    recs = _records(1, 3)
+    path = _v1_segment(tmp_path, 0, recs)
+    if torn:
+        path.write_bytes(path.read_bytes()[:-5])
+    tail: dict = {}
+    got = list(wal.iter_log(tmp_path, 0, tail))
+    n = 2 if torn else 3
+    assert [r.seq for r in got] == list(range(1, n + 1))
+    assert all(np.array_equal(r.x, x) and r.id == rid
+               for r, (_, x, _, rid) in zip(got, recs[:n], strict=True))
+    seg = wal.open_tail(tmp_path, tail, n)
+    assert seg.base == n and seg.path != path  # never a version-2 record in a version-1 file
+    seg.append(wal.encode(n + 1, np.ones((1, 3), np.float32), ["z"], "new"))
+    seg.close()
+    out, _ = wal.read_log(tmp_path, 0)
+    assert [r.seq for r in out] == list(range(1, n + 2)) and out[-1].id == "new"
+
+
+def test_an_empty_version_1_tail_is_replaced(tmp_path):
+    _segment(tmp_path, 0, _records(1, 2))
+    _v1_segment(tmp_path, 2, [])
+    tail: dict = {}
+    assert [r.seq for r in wal.iter_log(tmp_path, 0, tail)] == [1, 2]
+    seg = wal.open_tail(tmp_path, tail, 2)
+    seg.append(wal.encode(3, np.ones((1, 3), np.float32), ["z"], None))
+    seg.close()
+    assert [r.seq for r in wal.read_log(tmp_path, 0)[0]] == [1, 2, 3]
+    with open(tmp_path / wal.segment_name(2), "rb") as f:
+        assert wal.FILE_HEADER.unpack(f.read(wal.FILE_HEADER.size))[1] == wal.VERSION

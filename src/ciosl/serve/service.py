@@ -189,17 +189,7 @@ class Service:
                              "middle)") from None
         self.snap_seq = snap_seq
         self.snap_time = pointer.stat().st_mtime if pointer.exists() else time.time()
-        log = f / "log"
-        for p in log.glob(".log-*.wal.tmp"):  # a segment whose creation did not finish
-            p.unlink(missing_ok=True)
-        if tail and tail.get("empty"):  # its header cut by a full disk: made again
-            tail["path"].unlink()
-            tail.clear()
-        if tail:
-            self._segment = wal.Segment(tail["path"], tail["base"], create=False,
-                                        good_end=tail["good_end"])
-        else:
-            self._segment = wal.Segment(log / wal.segment_name(self.seq), self.seq, create=True)
+        self._segment = wal.open_tail(f / "log", tail, self.seq)
 
     def _remember(self, rid: str | None, seq: int) -> None:
         self.ids.add(rid, seq)

@@ -3,7 +3,8 @@
 A segment file ``log-<base>.wal`` starts with a header (magic, version, base) and holds the
 records numbered ``base + 1, base + 2, ...`` in order. A record is
 
-    header  <4s I I Q>   magic b"CREC", payload length, crc32(seq + payload), seq
+    header  <4s I I Q I> magic b"CREC", payload length, crc32(seq + payload), seq,
+                         crc32 of the header's first 20 bytes
     payload <I> json-length, json {"id", "y", "n", "d"[, "fb"]}, then n * d little-endian float32
 
 A feedback record also holds ``fb``: per row, ``[prediction id, answered label, novelty, new,
@@ -14,7 +15,10 @@ gives, or inside its header) is a torn write only when nothing follows it (the l
 last segment: a power cut in the middle of a write, never acknowledged); it is dropped and the
 file truncated there. A complete record whose checksum fails is damage wherever it is (a flipped
 bit, not a torn write), as is a bad record with anything after it: ``LogDamaged`` refuses the
-folder, naming the segment and the byte. A log is never silently cut.
+folder, naming the segment and the byte. A log is never silently cut: the header's own checksum
+(version 2) is what lets a length be trusted, so a flipped bit in a length field is damage, not
+a record that seems to run past the end of the file (version 1 segments, which lack it, are
+still read; recovery never appends to one, it starts a new segment).
 
 A segment is created under a temporary name (``.log-<base>.wal.tmp``), its header written and
 fsynced, then renamed: a full disk never leaves a segment without its header. The newest segment
@@ -38,9 +42,11 @@ import numpy as np
 
 FILE_MAGIC = b"CIOSL-WAL\n"
 FILE_HEADER = struct.Struct("<10sIQ")  # magic, version, base seq
-VERSION = 1
+VERSION = 2  # what this ciosl writes
+READS = (1, 2)  # what it reads
 REC_MAGIC = b"CREC"
-REC_HEADER = struct.Struct("<4sIIQ")  # magic, payload length, crc32, seq
+REC_HEADER = struct.Struct("<4sIIQI")  # magic, payload length, crc32, seq, header crc32
+REC_HEADER_V1 = struct.Struct("<4sIIQ")  # version 1: no header checksum
 MAX_PAYLOAD = 1 << 30  # a length field above this is damage, not a record
 
 
@@ -75,7 +81,8 @@ def encode(seq: int, x: np.ndarray, y: list, rid: str | None, fb: list | None = 
     """One record's bytes (header and payload)."""
     payload = payload_of(x, y, rid, fb)
     crc = zlib.crc32(struct.pack("<Q", seq) + payload)
-    return REC_HEADER.pack(REC_MAGIC, len(payload), crc, seq) + payload
+    head = REC_HEADER_V1.pack(REC_MAGIC, len(payload), crc, seq)
+    return head + struct.pack("<I", zlib.crc32(head)) + payload
 
 
 def decode_payload(seq: int, payload: bytes, where: str) -> Record:
@@ -131,12 +138,13 @@ def iter_segment(path: Path, *, last: bool, tail: dict) -> Iterator[Record]:
         magic, version, base = FILE_HEADER.unpack(head)
         if magic != FILE_MAGIC:
             raise LogDamaged(f"{path}: not a ciosl log segment")
-        if version != VERSION:
-            raise LogDamaged(f"{path}: log format version {version}, this ciosl reads {VERSION}")
-        tail["base"] = base
+        if version not in READS:
+            raise LogDamaged(f"{path}: log format version {version}, this ciosl reads "
+                             f"{' and '.join(map(str, READS))}")
+        tail["base"], tail["version"] = base, version
         pos, expect = FILE_HEADER.size, base + 1
         while pos < size:
-            problem, end, payload = _next_record(f, pos, size, expect)
+            problem, end, payload = _next_record(f, pos, size, expect, version)
             if problem is not None:
                 if last and problem == "cut short":  # nothing after it: a torn last write
                     break
@@ -148,14 +156,18 @@ def iter_segment(path: Path, *, last: bool, tail: dict) -> Iterator[Record]:
         tail["good_end"] = pos
 
 
-def _next_record(f, pos: int, size: int, expect: int) -> tuple[str | None, int, bytearray]:
+def _next_record(f, pos: int, size: int, expect: int,
+                 version: int = VERSION) -> tuple[str | None, int, bytearray]:
     """(what is wrong with the record at ``pos`` or None, where it ends, its payload)."""
-    head = f.read(REC_HEADER.size)
-    if len(head) < REC_HEADER.size:
+    shape = REC_HEADER if version >= 2 else REC_HEADER_V1
+    head = f.read(shape.size)
+    if len(head) < shape.size:
         return "cut short", size, bytearray()
-    magic, length, crc, seq = REC_HEADER.unpack(head)
-    end = pos + REC_HEADER.size + length
-    if magic != REC_MAGIC or length > MAX_PAYLOAD:
+    magic, length, crc, seq = REC_HEADER_V1.unpack_from(head)
+    end = pos + shape.size + length
+    sound = version < 2 or zlib.crc32(head[:REC_HEADER_V1.size]) == \
+        struct.unpack_from("<I", head, REC_HEADER_V1.size)[0]
+    if magic != REC_MAGIC or length > MAX_PAYLOAD or not sound:
         rest = size - pos
         if rest <= 1 << 20 and not (head + f.read(rest - len(head))).strip(b"\0"):
             return "cut short", size, bytearray()  # zeros to the end: blocks never written
@@ -259,10 +271,30 @@ def iter_log(folder: Path, after: int, tail: dict) -> Iterator[Record]:
             raise LogDamaged(f"{path}: its header says base {seen['base']}, its name {base}")
         if last:
             tail.update(path=path, base=base, good_end=seen["good_end"],
-                        empty=seen.get("empty", False))
+                        empty=seen.get("empty", False), version=seen.get("version", VERSION))
     if segs and segs[-1][0] > expect - 1:
         raise LogDamaged(f"{segs[-1][1]}: starts after record {segs[-1][0]}, but the snapshot "
                          f"and the log before it end at {expect - 1}: records are missing")
+
+
+def open_tail(folder: Path, tail: dict, seq: int) -> Segment:
+    """The segment to append to once ``iter_log`` has read the log to ``seq``: its last
+    segment (a torn last record cut off), or a new one at ``seq`` when there is none, when the
+    last one's header was cut by a full disk, or when it is of an older format version (whose
+    records this ciosl does not write). Temporaries of a creation cut short are removed."""
+    for p in folder.glob(".log-*.wal.tmp"):
+        p.unlink(missing_ok=True)
+    if tail and tail.get("empty"):  # its header cut by a full disk: made again
+        tail["path"].unlink()
+        tail = {}
+    if tail:
+        seg = Segment(tail["path"], tail["base"], create=False, good_end=tail["good_end"])
+        if tail.get("version", VERSION) == VERSION:
+            return seg
+        seg.close()  # an older format: its torn tail cut, then left as it is
+        if tail["base"] == seq:  # no record in it: replaced
+            tail["path"].unlink()
+    return Segment(folder / segment_name(seq), seq, create=True)
 
 
 def read_log(folder: Path, after: int) -> tuple[list[Record], tuple[Path, int, int] | None]:
