@@ -326,3 +326,19 @@ def publish(url: str, subject: str, items: list[tuple[bytes, str]], *, stream: s
         return out
 
     return _run(go, url, timeout=600)
+
+
+def snapshot_names(url: str, prefix: str = "") -> list[str]:
+    """The names of the objects in the ``ciosl_snapshots`` store starting with ``prefix``."""
+
+    async def go(js, nc):
+        from nats.js.errors import NotFoundError
+
+        obs = await js.object_store("ciosl_snapshots")
+        try:
+            infos = await obs.list(ignore_deletes=True)
+        except NotFoundError:
+            return []
+        return sorted(i.name for i in infos if not i.deleted and i.name.startswith(prefix))
+
+    return _run(go, url)
