@@ -6,6 +6,7 @@ events stream with ids, and a reconnect with Last-Event-ID misses nothing."""
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 import pytest
@@ -156,3 +157,20 @@ def test_client_of_a_named_learner(server):
         assert c.classes_ == ["cup"]
     with pytest.raises(ValueError, match="no learner name"):
         server.client(learner="../x")
+
+
+def test_a_reconnect_after_a_restart_gets_every_event_of_the_new_life():
+    """Event ids restarted at 1 with the server: a console that reconnected with the id of the
+    6th event of the old life got the new life's events after its 6th only (5 events lost)."""
+    from ciosl.serve.events import EventLog
+
+    before = time.time_ns() // 1000
+    old = EventLog()
+    assert old.add("learn", {"seq": 1}) >= before  # numbered from the life's start
+    old_ids = [old.add("learn", {"seq": s}) for s in range(2, 7)]
+    new = EventLog(first=old_ids[-1] + 1_000_000)  # a later life (one second later)
+    new_ids = [new.add("learn", {"seq": s}) for s in range(10)]
+    got = new.after(old_ids[-1])
+    assert [e[0] for e in got] == new_ids and new_ids == sorted(set(new_ids))
+    assert [e[0] for e in new.after(new_ids[3])] == new_ids[4:]
+    assert [e[0] for e in new.after(new_ids[-1] + 5)] == new_ids  # a clock set back

@@ -3,25 +3,29 @@
 ``feedback`` ({"prediction_id", "y", "answered", "correct"}) and ``score`` (the live metrics,
 about once a second while someone listens and something changed).
 
-Each event has an id, increasing integers per learner from 1 (the server's life: the events are
-held in memory, the last ``KEEP`` of them; a learner unloaded keeps its events). A client that
-reconnects with ``Last-Event-ID: k`` gets every event after ``k`` still kept, then the live
-ones; a ``k`` above the last id (the server restarted) gets every event kept."""
+Each event has an id, increasing integers per learner (the events are held in memory, the last
+``KEEP`` of them; a learner unloaded keeps its events). A server's life numbers them from the
+microseconds since the epoch at which it first held the learner, so an id of an earlier life is
+below every id of a later one (a learner produces far fewer than a million events a second). A
+client that reconnects with ``Last-Event-ID: k`` gets every event after ``k`` still kept, then the
+live ones: after a restart, every event of the new life kept; a ``k`` above the last id (a clock
+set back) gets every event kept too."""
 
 from __future__ import annotations
 
 import collections
 import json
 import threading
+import time
 from typing import Any
 
 KEEP = 1000
 
 
 class EventLog:
-    def __init__(self, keep: int = KEEP):
+    def __init__(self, keep: int = KEEP, first: int | None = None):
         self.events: collections.deque = collections.deque(maxlen=keep)
-        self.last_id = 0
+        self.last_id = (time.time_ns() // 1000 if first is None else first) - 1
         self.score_key: Any = None  # what the last score event described (seq, feedback)
         self._lock = threading.Lock()
 
