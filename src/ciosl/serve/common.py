@@ -36,6 +36,12 @@ class Options:
     # a closed form's answer (ncm, slda, rp_lda, ranpac) is brought current at most every this
     # many ms while predictions are asked (0: after every learn, exact); answers say their seq
     answer_every_ms: float = 0.0
+    # where the learners' records go: "folder" (each learner's own write-ahead log, the
+    # default) or nats://HOST:PORT[,HOST:PORT...] (JetStream: jetstream.py, replica.py)
+    log: str = "folder"
+    log_replicas: int | None = None  # JetStream replicas (None: min(3, servers given))
+    log_dedupe_window: float = 120.0  # JetStream's duplicate window (seconds)
+    min_seq_wait: float = 5.0  # seconds a predict with min_seq waits for that seq at most
 
     def __post_init__(self) -> None:
         """Each value checked, its flag named (one line): a bad one fails at start, never in
@@ -62,6 +68,25 @@ class Options:
                              "while its id is remembered")
         if not 0 <= self.writer_nice <= 19:
             raise ServeError(f"--writer-nice must be in 0..19, got {self.writer_nice}")
+        self._check_log()
+
+    def _check_log(self) -> None:
+        if self.log != "folder":
+            from ciosl.serve.jetstream import parse_log
+
+            urls = parse_log(self.log)  # one line naming --log
+            if self.log_replicas is None:
+                self.log_replicas = min(3, len(urls))
+        r = self.log_replicas
+        if r is not None and not (isinstance(r, int) and 1 <= r <= 5):
+            raise ServeError(f"--log-replicas must be in 1..5, got {r}")
+        t = self.log_dedupe_window
+        if not (isinstance(t, int | float) and math.isfinite(t) and 0.1 <= t <= 86400):
+            raise ServeError(f"--log-dedupe-window must be a number of seconds in 0.1..86400, "
+                             f"got {t}")
+        t = self.min_seq_wait
+        if not (isinstance(t, int | float) and math.isfinite(t) and 0 <= t <= 3600):
+            raise ServeError(f"--min-seq-wait must be a number of seconds in 0..3600, got {t}")
 
 
 def settings_for(method: str, overrides: dict[str, str]) -> dict[str, Any]:
