@@ -278,6 +278,20 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--writer-nice", type=int, default=10, metavar="N",
                        help="nice value of the thread that applies learns (0..19; Linux): "
                        "under load, answers get the CPU first (0: the same as answers)")
+    serve.add_argument("--log", default="folder", metavar="LOG",
+                       help="where the learners' records go: 'folder' (a write-ahead log in "
+                       "--dir, the default) or nats://HOST:PORT[,HOST:PORT...] (NATS "
+                       "JetStream: any number of replicas with the same --log serve the same "
+                       "learners; --dir then holds this replica's own files only)")
+    serve.add_argument("--log-replicas", type=int, default=None, metavar="N",
+                       help="--log nats://...: the replicas of each stream, of the learners' "
+                       "bucket and of the snapshots' store (default: min(3, servers given))")
+    serve.add_argument("--log-dedupe-window", type=float, default=120.0, metavar="S",
+                       help="--log nats://...: seconds within which JetStream drops a learn "
+                       "whose id it has seen (default 120); older ids: the --id-window")
+    serve.add_argument("--min-seq-wait", type=float, default=5.0, metavar="S",
+                       help="seconds a predict with ?min_seq=N waits for this server to have "
+                       "applied record N, then 503 (default 5)")
 
     report = sub.add_parser("report", help="tables and figures from a folder of result JSONs")
     report.add_argument("results", help="folder of result JSONs (searched recursively)")
@@ -370,7 +384,10 @@ def main(argv: list[str] | None = None) -> int:
                                  device=args.device, backend=args.backend,
                                  threads=args.threads, batch_images=args.batch_images,
                                  batch_wait_ms=args.batch_wait_ms,
-                                 answer_every_ms=args.answer_every_ms)
+                                 answer_every_ms=args.answer_every_ms, log=args.log,
+                                 log_replicas=args.log_replicas,
+                                 log_dedupe_window=args.log_dedupe_window,
+                                 min_seq_wait=args.min_seq_wait)
         elif args.command == "run":
             from ciosl.evaluation.experiment import (
                 ExperimentSpec,

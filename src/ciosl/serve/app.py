@@ -261,7 +261,12 @@ class Api:
     async def predict(self, request: Request):
         async def fn(service, request, hold):
             t0 = time.perf_counter()
+            min_seq = _min_seq(request.query_params.get("min_seq"))
             x, _, _ = await self._features(request, hold, learn=False)
+            if min_seq is not None and not await run_in_threadpool(
+                    _applied, service, min_seq, self.hub.options.min_seq_wait):
+                raise Refused(503, f"this replica has applied up to seq {service.seq}, "
+                              f"{min_seq} asked; retry or ask another replica")
             try:
                 answer = await run_in_threadpool(service.predict, x)
             except LookupError as e:
@@ -305,7 +310,8 @@ class Api:
 
     async def state(self, request: Request):
         async def fn(service, request, hold):
-            return 200, await run_in_threadpool(service.state)
+            state = await run_in_threadpool(service.state)
+            return 200, {**state, "skipped": state.get("skipped", 0)}
         return await self._learner(request, "state", fn)
 
     async def snapshot(self, request: Request):
@@ -431,6 +437,22 @@ class Api:
             return 200, await run_in_threadpool(self.hub.delete, name,
                                                 request.query_params.get("confirm"))
         return await self._handle("learner", request, work)
+
+
+def _min_seq(value: str | None) -> int | None:
+    """``?min_seq=N`` of a predict (read your own writes), or None."""
+    if value is None:
+        return None
+    if not (value.isascii() and value.isdigit() and len(value) <= 18):
+        raise Refused(400, f"min_seq: expected a whole number >= 0, got {value[:40]!r}")
+    return int(value)
+
+
+def _applied(service, seq: int, wait: float) -> bool:
+    """Whether ``service`` has applied record ``seq``: a replica waits up to ``wait`` seconds
+    for its stream; a folder's single writer has nothing more to wait for."""
+    waiting = getattr(service, "wait_applied", None)
+    return waiting(seq, wait) if waiting is not None else service.seq >= seq
 
 
 def learner_body(body: bytes) -> dict:

@@ -142,13 +142,19 @@ class Client:
     def learn_one(self, z: Any, y: Any, *, id: str | None = None) -> None:
         self.learn_many(np.asarray(z, dtype=np.float32).reshape(1, -1), [y], id=id)
 
-    def predict_proba(self, Z: Any) -> np.ndarray:
-        body = self._send("POST", f"{self._base}/predict", **self._features(Z))
+    def _predict(self, Z: Any, min_seq: int | None) -> dict:
+        """``min_seq``: answered once the server has applied that record (the ``seq`` of an
+        earlier learn's answer: read your own writes), else 503 after ``--min-seq-wait``."""
+        params = {} if min_seq is None else {"params": {"min_seq": int(min_seq)}}
+        return self._send("POST", f"{self._base}/predict", **self._features(Z), **params)
+
+    def predict_proba(self, Z: Any, *, min_seq: int | None = None) -> np.ndarray:
+        body = self._predict(Z, min_seq)
         self._classes = body["classes"]
         return np.asarray(body["proba"], dtype=np.float64)
 
-    def predict(self, Z: Any) -> np.ndarray:
-        body = self._send("POST", f"{self._base}/predict", **self._features(Z))
+    def predict(self, Z: Any, *, min_seq: int | None = None) -> np.ndarray:
+        body = self._predict(Z, min_seq)
         self._classes = body["classes"]
         return np.asarray(body["label"])
 
@@ -173,9 +179,9 @@ class Client:
         return self._send("GET", "/metrics")["text"]
 
     # ------------------------------------------------------------------ feedback, many learners
-    def predict_ids(self, Z: Any) -> dict:
+    def predict_ids(self, Z: Any, *, min_seq: int | None = None) -> dict:
         """The whole answer: classes, proba, label, prediction_id, novelty, novel, seq."""
-        return self._send("POST", f"{self._base}/predict", **self._features(Z))
+        return self._predict(Z, min_seq)
 
     def feedback(self, prediction_id: str | list, y: Any) -> dict:
         """Learn the features of earlier predictions with their true labels (exactly once per

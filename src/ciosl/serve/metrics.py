@@ -14,7 +14,8 @@ from ciosl.serve.hub import DEFAULT, Hub
 PER_LEARNER = (("seen", "samples the learner has seen"), ("classes", "classes learned"),
                ("seq", "last log record"), ("loaded", "1 when loaded in memory"),
                ("feedback", "feedback rows scored (the live score)"),
-               ("accuracy", "live accuracy of the answers corrected since start"))
+               ("accuracy", "live accuracy of the answers corrected since start"),
+               ("skipped", "records of the log skipped: they failed to apply (--log nats)"))
 # the rest of the live score, for the learners loaded (from their score, not their snapshot)
 LIVE = (("accuracy_last", "live accuracy over the last --feedback-window corrections"),
         ("new_class_rate", "corrections to a class new at the time answered as a known one"),
@@ -41,7 +42,7 @@ class _Learners:
             except (OSError, ValueError):  # deleted meanwhile
                 continue
             for key, family in families.items():
-                value = row.get(key)
+                value = row.get(key, 0 if key == "skipped" else None)
                 if value is not None:
                     family.add_metric([name], float(value))
             entry = self.hub._entries.get(name)

@@ -131,8 +131,12 @@ def serve(folder: str, method: str | None, overrides: dict[str, str], *,
         except BaseException:
             sock.close()
             raise
-    hub = Hub(folder, options, max_loaded=max_loaded, unload_after=unload_after).open(
-        method, settings)
+    try:
+        hub = _hub_class(options)(folder, options, max_loaded=max_loaded,
+                                  unload_after=unload_after).open(method, settings)
+    except BaseException:
+        sock.close()
+        raise
     try:
         if embedder is not None:
             pin_extractor(Path(folder), embedder.extractor.pin())
@@ -156,9 +160,10 @@ def serve(folder: str, method: str | None, overrides: dict[str, str], *,
                     f"{service.recovery_seconds:.2f} s)")
         else:
             what = f"on {url_of(host, addr[1])}"
+        log = "" if options is None or options.log == "folder" else f"; log: {options.log}"
         print(f"ciosl serve: {what}; {len(names)} learner(s), loaded on demand and unloaded "
-              f"after {unload_after:g} s idle (at most {max_loaded} loaded); token: {where}",
-              flush=True)
+              f"after {unload_after:g} s idle (at most {max_loaded} loaded); token: {where}"
+              f"{log}", flush=True)
         if host not in ("127.0.0.1", "::1", "localhost"):
             print(f"ciosl serve: warning: --host {host} listens beyond this machine, over "
                   "plain HTTP; the token guards every endpoint but /v1/health (put TLS in "
@@ -183,6 +188,15 @@ def serve(folder: str, method: str | None, overrides: dict[str, str], *,
     return 0
 
 
+def _hub_class(options: Options | None) -> type[Hub]:
+    """The folder log's hub, or the JetStream one for ``--log nats://...``."""
+    if options is None or options.log == "folder":
+        return Hub
+    from ciosl.serve.stream_hub import StreamHub
+
+    return StreamHub
+
+
 def serve_command(folder: str, method: str | None, overrides: dict[str, str], *,
                   snapshot_every: int, snapshot_seconds: float, max_batch: int, max_body: int,
                   writer_nice: int = 10, max_json_body: int = 16 << 20,
@@ -190,12 +204,15 @@ def serve_command(folder: str, method: str | None, overrides: dict[str, str], *,
                   header_timeout: float = 30.0, max_connections: int = 1000,
                   id_window: int = 1_000_000, id_window_bytes: int = 64 << 20,
                   feedback_window: int = 10_000, max_loaded: int = 256,
-                  unload_after: float = 600.0, answer_every_ms: float = 0.0, **kw) -> int:
+                  unload_after: float = 600.0, answer_every_ms: float = 0.0,
+                  log: str = "folder", log_replicas: int | None = None,
+                  log_dedupe_window: float = 120.0, min_seq_wait: float = 5.0, **kw) -> int:
     """``ciosl serve``'s flags, checked (each named, in one line), then ``serve``."""
     options = Options(snapshot_every=snapshot_every, snapshot_seconds=snapshot_seconds,
                       writer_nice=writer_nice, id_window=id_window,
                       id_window_bytes=id_window_bytes, feedback_window=feedback_window,
-                      answer_every_ms=answer_every_ms)
+                      answer_every_ms=answer_every_ms, log=log, log_replicas=log_replicas,
+                      log_dedupe_window=log_dedupe_window, min_seq_wait=min_seq_wait)
     for flag, value, lo, hi in (("--max-batch", max_batch, 1, 1 << 20),
                                 ("--max-body", max_body, 1024, 1 << 32),
                                 ("--max-json-body", max_json_body, 1024, 1 << 30),

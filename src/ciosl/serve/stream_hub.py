@@ -1,0 +1,243 @@
+"""Named learners whose log is JetStream (``ciosl serve --log nats://...``): ``hub.Hub`` with
+the learners' names, methods and settings in the KV bucket ``ciosl_learners`` instead of
+folders, so that every replica serves every learner, whichever replica created it.
+
+A KV entry: key = the learner's name, value = ``{"method", "settings", "stream", "subject",
+"created"}``; its stream is ``CIOSL_<name>_<8 hex>`` on subject ``ciosl.<name>.<8 hex>`` (a
+new suffix per creation: a name deleted and made again never reuses an old stream). Create is
+KV ``create`` (409 when the key exists); delete removes the key and leaves the stream and its
+snapshots in place, named in the answer (``nats stream rm`` removes them). ``--dir`` holds
+this replica's own things only: ``.hub.lock``, ``token``, ``streams/<stream>/`` (prediction
+window, replica tag)."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import secrets
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from ciosl.serve import folder as folder_mod
+from ciosl.serve.common import Options, _one_line, _stderr
+from ciosl.serve.events import EventLog
+from ciosl.serve.folder import ServeError
+from ciosl.serve.hub import (
+    DEFAULT,
+    HUB_LOCK,
+    NAME,
+    Hub,
+    Unavailable,
+    _Entry,
+    check_name,
+    settings_of,
+)
+from ciosl.serve.jetstream import Log, parse_log
+from ciosl.serve.replica import StreamService
+
+STREAMS = "streams"
+CACHE_SECONDS = 1.0  # a learner known here is checked against the bucket this often
+NAMES_SECONDS = 0.1  # the list of names: read again after this
+
+
+class StreamHub(Hub):
+    def __init__(self, root: str | Path, options: Options, *, max_loaded: int = 256,
+                 unload_after: float = 600.0, warn=None):
+        super().__init__(root, options, max_loaded=max_loaded, unload_after=unload_after,
+                         warn=warn)
+        self.log = Log(parse_log(options.log), options.log_replicas or 1,
+                       options.log_dedupe_window, warn=warn or _stderr)
+        self._known: dict[str, tuple[float, dict]] = {}
+        self._names: tuple[float, list[str]] = (0.0, [])
+        self._known_lock = threading.Lock()
+
+    # ------------------------------------------------------------------ the root, the bucket
+    def open(self, method: str | None = None, settings: dict | None = None) -> StreamHub:
+        self._claim()
+        try:
+            self.log.connect()
+            if method is not None:
+                self._ensure_default(method, settings)
+            elif self.exists(DEFAULT):
+                entry = self._entries.setdefault(DEFAULT, _Entry())
+                entry.service = self._service(DEFAULT, None).open()
+        except BaseException:
+            self.close()
+            raise
+        self._sweeper = threading.Thread(target=self._sweep, name="ciosl-unloader",
+                                         daemon=True)
+        self._sweeper.start()
+        return self
+
+    def _claim(self) -> None:
+        f = folder_mod.check_place(self.root)
+        try:
+            f.mkdir(parents=True, exist_ok=True)
+            fd = os.open(f / HUB_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as e:
+            raise ServeError(f"--dir {f}: cannot use it ({e.strerror or e})") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise ServeError(f"--dir {f}: in use by another ciosl serve (it holds "
+                             f"{f / HUB_LOCK}); each replica needs a --dir of its own") from None
+        self._lock_fd = fd
+
+    def _ensure_default(self, method: str, settings: dict | None) -> None:
+        """``--method``: make the learner ``default`` in the bucket, or check the one there."""
+        meta = self.meta(DEFAULT, fresh=True)
+        if meta is None:
+            try:
+                self.create(DEFAULT, method, settings or {})
+                return
+            except Unavailable as e:
+                if e.status != 409:
+                    raise ServeError(f"--method {method}: {e}") from None
+                meta = self.meta(DEFAULT, fresh=True)
+        if meta["method"] != method:
+            raise ServeError(f"--method {method}: the learner 'default' in the log "
+                             f"{self.log.text} is a {meta['method']!r} learner")
+        entry = self._entries.setdefault(DEFAULT, _Entry())
+        entry.service = self._service(DEFAULT, None).open()
+
+    def meta(self, name: str, *, fresh: bool = False) -> dict | None:
+        """The KV entry of ``name`` (read again after ``CACHE_SECONDS``; a name not known is
+        always read, so a learner made through another replica is served at once)."""
+        now = time.monotonic()
+        with self._known_lock:
+            hit = self._known.get(name)
+        if hit is not None and not fresh and now - hit[0] < CACHE_SECONDS:
+            return hit[1]
+        try:
+            raw = self.log.kv_get(name)
+        except Exception as e:
+            if hit is not None:  # the log is away: what was known
+                return hit[1]
+            raise Unavailable(503, f"the log {self.log.text} does not answer "
+                              f"({_one_line(e)}); retry") from None
+        with self._known_lock:
+            if raw is None:
+                self._known.pop(name, None)
+                return None
+            meta = json.loads(raw)
+            self._known[name] = (now, meta)
+            return meta
+
+    def names(self) -> list[str]:
+        now = time.monotonic()
+        if now - self._names[0] >= NAMES_SECONDS:
+            try:
+                self._names = (now, [k for k in self.log.kv_keys() if NAME.fullmatch(k)])
+            except Exception as e:
+                raise Unavailable(503, f"the log {self.log.text} does not answer "
+                                  f"({_one_line(e)}); retry") from None
+        return list(self._names[1])
+
+    def exists(self, name: str) -> bool:
+        return NAME.fullmatch(name) is not None and self.meta(name) is not None
+
+    def folder_of(self, name: str) -> Path:
+        meta = self.meta(name)
+        return self.root / STREAMS / (meta["stream"] if meta else "_")
+
+    def _service(self, name: str, folder, method=None, settings=None) -> StreamService:
+        meta = self.meta(name, fresh=True)
+        if meta is None:
+            raise Unavailable(404, f"learner {name!r} does not exist")
+        events = self.events.setdefault(name, EventLog())
+        return StreamService(self.log, name, meta, self.root / STREAMS / meta["stream"],
+                             options=self.options, warn=self.warn, on_commit=self._commit,
+                             events=events)
+
+    # ------------------------------------------------------------------ managing learners
+    def create(self, name: Any, method: Any, settings: Any) -> dict:
+        check_name(name)
+        method, values = settings_of(method, settings)
+        with self._create_lock:
+            suffix = secrets.token_hex(4)
+            meta = {"method": method, "settings": values, "stream": f"CIOSL_{name}_{suffix}",
+                    "subject": f"ciosl.{name}.{suffix}", "created": time.time()}
+            try:
+                self.log.ensure_stream(meta["stream"], meta["subject"])
+                made = self.log.kv_create(name, json.dumps(meta).encode())
+            except Exception as e:
+                raise Unavailable(503, f"the log {self.log.text} does not answer "
+                                  f"({_one_line(e)}); retry") from None
+            if not made:
+                with contextlib.suppress(Exception):  # new and empty: nobody uses it
+                    self.log.call(self.log.js.delete_stream(meta["stream"]))
+                raise Unavailable(409, f"learner {name!r} exists already")
+            with self._known_lock:
+                self._known[name] = (time.monotonic(), meta)
+            self._names = (0.0, [])
+            entry = _Entry()
+            self._make_room(name)
+            with entry.load_lock:
+                entry.service = self._service(name, None).open()
+                with self._lock:
+                    self._entries[name] = entry
+        self._wake.set()
+        return {"name": name, "method": method, "settings": values}
+
+    def delete(self, name: Any, confirm: Any) -> dict:
+        check_name(name)
+        if confirm != name:
+            raise Unavailable(400, f"confirm: deleting learner {name!r} needs ?confirm={name} "
+                              "(its name again)")
+        meta = self.meta(name, fresh=True)
+        if meta is None:
+            raise Unavailable(404, f"learner {name!r} does not exist")
+        self.log.kv_delete(name)
+        with self._known_lock:
+            self._known.pop(name, None)
+        self._names = (0.0, [])
+        with self._lock:
+            entry = self._entries.pop(name, None) or _Entry()
+        with entry.load_lock:
+            if entry.service is not None:
+                entry.service.close()
+                entry.service.broken = f"learner {name!r} was deleted"
+                entry.service = None
+        self._rows.pop(name, None)
+        self.events.pop(name, None)
+        return {"deleted": name, "stream": meta["stream"]}
+
+    def unload_idle(self) -> int:
+        """Also unload the learners deleted (or made again) through another replica."""
+        done = super().unload_idle()
+        for name, entry in list(self._entries.items()):
+            service = entry.service
+            if service is None or entry.users:
+                continue
+            with contextlib.suppress(Unavailable):
+                meta = self.meta(name)
+                if meta is None or meta["stream"] != service.stream:
+                    done += self._unload(name)
+        return done
+
+    # ------------------------------------------------------------------ describing learners
+    def row(self, name: str) -> dict:
+        entry = self._entries.get(name)
+        service = entry.service if entry is not None else None
+        if service is not None:
+            return self._loaded_row(name, service)
+        if name in self._rows:  # what was known when it was unloaded
+            return {**self._rows[name], "loaded": False}
+        meta = self.meta(name) or {}
+        return {"name": name, "method": meta.get("method"), "seen": None, "classes": None,
+                "seq": None, "loaded": False, "accuracy": None, "feedback": 0, "skipped": None}
+
+    def _loaded_row(self, name: str, service) -> dict:
+        return {**super()._loaded_row(name, service), "skipped": service.skipped}
+
+    def settings_of(self, name: str) -> dict:
+        return (self.meta(name) or {}).get("settings", {})
+
+    def close(self) -> None:
+        super().close()
+        self.log.close()
