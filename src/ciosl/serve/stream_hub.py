@@ -57,9 +57,9 @@ class StreamHub(Hub):
 
     # ------------------------------------------------------------------ the root, the bucket
     def open(self, method: str | None = None, settings: dict | None = None) -> StreamHub:
-        self._claim()
+        self.log.connect()  # an unreachable log fails before --dir is touched
         try:
-            self.log.connect()
+            self._claim()
             if method is not None:
                 self._ensure_default(method, settings)
             elif self.exists(DEFAULT):

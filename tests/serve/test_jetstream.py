@@ -1,0 +1,315 @@
+"""``ciosl serve --log nats://...``: one JetStream server on a loopback port of the test's own,
+ciosl replicas as real processes. Learns are acknowledged with the stream's seq, a retry by id
+learns once, refused input never enters the stream; two replicas hold equal digests at equal
+seq, equal to an in-process learner fed the stream's records in order; learners made through
+one replica are served by the other; ``min_seq`` reads one's own writes; a record that fails to
+apply is skipped alike everywhere; snapshots in the object store let a late replica catch up
+after the stream was purged, skipping a damaged one."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import threading
+
+import httpx
+import numpy as np
+import pytest
+from nats_helpers import NatsServer, free_port
+from server_helpers import TOKEN, Server
+
+from ciosl.learners.registry import get_method
+from ciosl.serial import digest
+from ciosl.serve import wal
+from ciosl.serve.answers import apply_request
+
+WAIT = "3"  # --min-seq-wait of the replicas here
+
+
+# ---------------------------------------------------------------------- nats-py, in the test
+def _nats(url: str, work):
+    """Run ``work(js)`` (a coroutine function) on a fresh nats-py connection."""
+    import nats
+
+    async def go():
+        nc = await nats.connect(url)
+        try:
+            return await work(nc.jetstream())
+        finally:
+            await nc.close()
+    return asyncio.run(go())
+
+
+def _entry(url: str, name: str) -> dict:
+    async def work(js):
+        kv = await js.key_value("ciosl_learners")
+        return json.loads((await kv.get(name)).value)
+    return _nats(url, work)
+
+
+def _info(url: str, stream: str) -> dict:
+    async def work(js):
+        s = (await js.stream_info(stream)).state
+        return {"messages": s.messages, "first_seq": s.first_seq, "last_seq": s.last_seq}
+    return _nats(url, work)
+
+
+def _records(url: str, stream: str) -> list[wal.Record]:
+    """Every record of ``stream`` in order, decoded with the folder log's decoder."""
+    async def work(js):
+        s = (await js.stream_info(stream)).state
+        out = []
+        for seq in range(max(1, s.first_seq), s.last_seq + 1):
+            msg = await js.get_msg(stream, seq)
+            out.append(wal.decode_payload(seq, msg.data, stream))
+        return out
+    return _nats(url, work)
+
+
+def _publish(url: str, subject: str, payload: bytes, msg_id: str) -> int:
+    async def work(js):
+        return (await js.publish(subject, payload, headers={"Nats-Msg-Id": msg_id})).seq
+    return _nats(url, work)
+
+
+def _in_process(records: list[wal.Record], method: str) -> tuple[str, int]:
+    """The digest of a learner fed ``records`` in order (a record that raises: skipped),
+    and how many were skipped."""
+    learner, skipped = get_method(method)(), 0
+    for r in records:
+        try:
+            apply_request(learner, r.x, r.y, r.seq)
+        except Exception:
+            skipped += 1
+    return digest(learner.state_dict()), skipped
+
+
+# ---------------------------------------------------------------------- fixtures
+@pytest.fixture(scope="module")
+def nats_url(tmp_path_factory):
+    with NatsServer(tmp_path_factory.mktemp("nats")) as server:
+        server.wait_ready()
+        yield server.url
+
+
+@pytest.fixture(scope="module")
+def pair(nats_url, tmp_path_factory):
+    """Two replicas on the same log (the learner 'default' is ncm)."""
+    root = tmp_path_factory.mktemp("replicas")
+    args = ("--log", nats_url, "--min-seq-wait", WAIT, "--snapshot-every", "0",
+            "--snapshot-seconds", "0")
+    with Server(root / "r1", *args, "--method", "ncm") as r1, Server(root / "r2", *args) as r2:
+        yield r1, r2
+
+
+def _create(server, name: str, method: str = "ncm") -> None:
+    with server.http() as h:
+        r = h.post("/v1/learners", json={"name": name, "method": method})
+        assert r.status_code == 201, r.text
+
+
+def _learn(server, name: str, x, y, rid=None) -> httpx.Response:
+    body = {"x": np.asarray(x, dtype=np.float32).tolist(), "y": y}
+    if rid is not None:
+        body["id"] = rid
+    with server.http() as h:
+        return h.post(f"/v1/learners/{name}/learn", json=body)
+
+
+def _state(server, name: str, min_seq: int = 0) -> dict:
+    with server.http() as h:
+        if min_seq:  # wait until applied
+            r = h.post(f"/v1/learners/{name}/predict?min_seq={min_seq}",
+                       json={"x": [[0.0] * 4]})
+            assert r.status_code == 200, r.text
+        return h.get(f"/v1/learners/{name}/state").json()
+
+
+# ---------------------------------------------------------------------- tests
+def test_learns_are_acknowledged_with_the_stream_seq_once_per_id(pair, nats_url):
+    r1, r2 = pair
+    _create(r1, "ack")
+    stream = _entry(nats_url, "ack")["stream"]
+    rng = np.random.default_rng(0)
+    first = _learn(r1, "ack", rng.normal(size=(3, 4)), [0, 1, 0], rid="req-1").json()
+    assert first == {"learned": 3, "duplicate": False, "seq": 1, "seen": 3}
+    again = _learn(r1, "ack", rng.normal(size=(3, 4)), [0, 1, 0], rid="req-1").json()
+    assert again["duplicate"] is True and again["learned"] == 0 and again["seq"] == 1
+    other = _learn(r2, "ack", rng.normal(size=(3, 4)), [0, 1, 0], rid="req-1").json()
+    assert other["duplicate"] is True and other["learned"] == 0 and other["seq"] == 1
+    assert _learn(r2, "ack", rng.normal(size=(1, 4)), [2]).json()["seq"] == 2
+    assert _info(nats_url, stream)["messages"] == 2
+    # refused input never enters the stream
+    bad_label = _learn(r1, "ack", rng.normal(size=(1, 4)), [{"a": 1}])
+    wide = _learn(r2, "ack", rng.normal(size=(1, 6)), [1])
+    surrogate = r1.http().post("/v1/learners/ack/learn", content=b'{"x": [[1,2,3,4]], '
+                               b'"y": ["\\ud800"]}', headers={"Content-Type": "application/json"})
+    assert bad_label.status_code == 400 and "y" in bad_label.json()["error"]
+    assert wide.status_code == 422 and "width 6" in wide.json()["error"]
+    assert surrogate.status_code == 400 and "lone surrogate" in surrogate.json()["error"]
+    assert _info(nats_url, stream)["messages"] == 2
+    s1, s2 = _state(r1, "ack", 2), _state(r2, "ack", 2)
+    assert s1["seen"] == s2["seen"] == 4 and s1["digest"] == s2["digest"]
+
+
+def test_two_replicas_equal_each_other_and_an_in_process_learner(pair, nats_url):
+    r1, r2 = pair
+    _create(r1, "twin", "slda")
+    rng = np.random.default_rng(1)
+    seqs = []
+    for i in range(24):
+        server = (r1, r2)[i % 2]
+        n = 1 + i % 3
+        r = _learn(server, "twin", rng.normal(size=(n, 4)), [int(v) for v in
+                                                              rng.integers(0, 5, n)], f"t-{i}")
+        assert r.status_code == 200, r.text
+        seqs.append(r.json()["seq"])
+    assert sorted(seqs) == list(range(1, 25))
+    s1, s2 = _state(r1, "twin", 24), _state(r2, "twin", 24)
+    assert s1["seq"] == s2["seq"] == 24 and s1["digest"] == s2["digest"]
+    records = _records(nats_url, _entry(nats_url, "twin")["stream"])
+    assert [r.seq for r in records] == list(range(1, 25))
+    assert sorted(r.id for r in records) == sorted(f"t-{i}" for i in range(24))
+    assert _in_process(records, "slda") == (s1["digest"], 0)
+
+
+def test_a_learner_made_through_one_replica_is_served_by_the_other(pair, nats_url):
+    r1, r2 = pair
+    _create(r1, "shared")
+    r = _learn(r2, "shared", np.ones((2, 4)), ["a", "b"])  # at once, no waiting
+    assert r.status_code == 200 and r.json()["seq"] == 1
+    with r2.http() as h:
+        assert "shared" in [row["name"] for row in h.get("/v1/learners").json()["learners"]]
+        again = h.post("/v1/learners", json={"name": "shared", "method": "slda"})
+        assert again.status_code == 409 and "exists already" in again.json()["error"]
+        refused = h.delete("/v1/learners/shared")
+        assert refused.status_code == 400 and "?confirm=shared" in refused.json()["error"]
+        stream = _entry(nats_url, "shared")["stream"]
+        gone = h.delete("/v1/learners/shared?confirm=shared")
+        assert gone.status_code == 200 and gone.json() == {"deleted": "shared", "stream": stream}
+        assert h.get("/v1/learners/shared/state").status_code == 404
+    assert _info(nats_url, stream)["messages"] == 1  # the stream stays, for the operator
+    with r1.http() as h:  # the other replica forgets it within its cache's second
+        for _ in range(200):
+            r = h.get("/v1/learners/shared/state")
+            if r.status_code == 404:
+                break
+            threading.Event().wait(0.05)
+        assert r.status_code == 404 and "does not exist" in r.json()["error"]
+    _create(r1, "shared")  # made again: a new stream, nothing of the old one
+    assert _entry(nats_url, "shared")["stream"] != stream
+    assert _state(r2, "shared")["seq"] == 0
+
+
+def test_predict_with_min_seq_waits_for_the_seq_or_says_how_far_it_is(pair):
+    r1, r2 = pair
+    _create(r1, "rw")
+    seq = _learn(r1, "rw", np.ones((1, 4)), [1]).json()["seq"]
+    answers = {}
+
+    def ask():
+        with r2.http() as h:
+            answers["late"] = h.post(f"/v1/learners/rw/predict?min_seq={seq + 1}",
+                                     json={"x": [[1.0, 1, 1, 1]]})
+    with r2.http() as h:
+        assert h.post(f"/v1/learners/rw/predict?min_seq={seq}",
+                      json={"x": [[1.0, 1, 1, 1]]}).status_code == 200
+        asking = threading.Thread(target=ask)
+        asking.start()
+        assert _learn(r1, "rw", np.zeros((1, 4)), [2]).json()["seq"] == seq + 1
+        asking.join()
+        assert answers["late"].status_code == 200, answers["late"].text
+        assert answers["late"].json()["seq"] == seq + 1
+        far = h.post(f"/v1/learners/rw/predict?min_seq={seq + 50}", json={"x": [[1.0] * 4]})
+        assert far.status_code == 503
+        assert far.json()["error"] == (f"this replica has applied up to seq {seq + 1}, "
+                                       f"{seq + 50} asked; retry or ask another replica")
+        bad = h.post("/v1/learners/rw/predict?min_seq=x", json={"x": [[1.0] * 4]})
+        assert bad.status_code == 400 and "min_seq" in bad.json()["error"]
+    client = r2.client(learner="rw")
+    assert list(client.predict(np.ones((1, 4)), min_seq=seq + 1)) == [1]
+
+
+def test_a_record_that_fails_to_apply_is_skipped_alike_on_every_replica(pair, nats_url):
+    r1, r2 = pair
+    _create(r1, "skip")
+    entry = _entry(nats_url, "skip")
+    assert _learn(r1, "skip", np.ones((2, 4)), [1, 2]).status_code == 200
+    payload = wal.payload_of(np.ones((1, 6), np.float32), [3], "odd")  # width 6, not 4
+    bad = _publish(nats_url, entry["subject"], payload, "odd")
+    after = _learn(r2, "skip", np.zeros((1, 4)), [3])
+    assert after.status_code == 200 and after.json()["seq"] == bad + 1
+    s1, s2 = _state(r1, "skip", bad + 1), _state(r2, "skip", bad + 1)
+    assert s1["skipped"] == s2["skipped"] == 1 and s1["seen"] == s2["seen"] == 3
+    assert s1["digest"] == s2["digest"]
+    assert _in_process(_records(nats_url, entry["stream"]), "ncm") == (s1["digest"], 1)
+    with r1.http() as h:
+        assert h.get("/v1/learners/skip").json()["skipped"] == 1
+        assert 'ciosl_learner_skipped{learner="skip"} 1.0' in h.get("/metrics").text
+    assert any(f"record {bad} of " in line and "skipped" in line for line in r1.err + r2.err)
+
+
+def test_a_late_replica_catches_up_from_a_snapshot_and_skips_a_damaged_one(pair, nats_url,
+                                                                             tmp_path):
+    r1, r2 = pair
+    stream = _entry(nats_url, "default")["stream"]
+    rng = np.random.default_rng(2)
+
+    def teach(server, k):
+        for _ in range(k):
+            assert _learn(server, "default", rng.normal(size=(2, 4)),
+                          [int(v) for v in rng.integers(0, 4, 2)]).status_code == 200
+    teach(r1, 10)
+    with r1.http() as h:
+        first = h.post("/v1/snapshot").json()["seq"]
+    teach(r2, 10)
+    with r2.http() as h:
+        second = h.post("/v1/snapshot").json()["seq"]
+    teach(r1, 5)
+    assert first == 10 and second == 20
+    info = _info(nats_url, stream)
+    assert info["first_seq"] == first and info["last_seq"] == 25  # purged below the oldest
+    args = ("--log", nats_url, "--snapshot-every", "0", "--snapshot-seconds", "0")
+    with Server(tmp_path / "r3", *args) as r3:
+        assert "5 log records replayed" in r3.lines[0]  # from the snapshot at 20
+        assert _state(r3, "default")["digest"] == _state(r1, "default", 25)["digest"]
+
+    async def damage(js):  # a newer snapshot whose bytes do not match its checksum
+        obs = await js.object_store("ciosl_snapshots")
+        got = await obs.get(f"{stream}/{second:012d}")
+        blob = bytearray(got.data)
+        blob[len(blob) // 2] ^= 0xFF
+        from nats.js.api import ObjectMeta
+        await obs.put(f"{stream}/{25:012d}", bytes(blob), meta=ObjectMeta(
+            name=f"{stream}/{25:012d}", description=got.info.description))
+    _nats(nats_url, damage)
+    with Server(tmp_path / "r4", *args) as r4:
+        assert "5 log records replayed" in r4.lines[0]  # the damaged one at 25 skipped
+        assert _state(r4, "default")["digest"] == _state(r1, "default", 25)["digest"]
+        assert any(f"snapshot {stream}/{25:012d} skipped" in line and "SHA-256" in line
+                   for line in r4.err)
+
+
+def test_an_unreachable_log_fails_at_start_in_one_line(tmp_path):
+    port = free_port()
+    r = subprocess.run([sys.executable, "-m", "ciosl", "serve", "--port", "0", "--dir",
+                        str(tmp_path / "d"), "--log", f"nats://127.0.0.1:{port}"],
+                       capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "CIOSL_TOKEN": TOKEN})
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert r.stderr.count("\n") == 1, r.stderr
+    assert f"--log nats://127.0.0.1:{port}" in r.stderr and "no NATS server" in r.stderr
+    assert not (tmp_path / "d").exists()
+
+
+def test_the_folder_log_takes_min_seq_too(tmp_path):
+    with Server(tmp_path / "f", "--method", "ncm") as s, s.http() as h:
+        assert h.post("/v1/learn", json={"x": [[1.0, 2.0]], "y": [1]}).json()["seq"] == 1
+        assert h.post("/v1/predict?min_seq=1", json={"x": [[1.0, 2.0]]}).status_code == 200
+        r = h.post("/v1/predict?min_seq=2", json={"x": [[1.0, 2.0]]})
+        assert r.status_code == 503 and r.json()["error"] == (
+            "this replica has applied up to seq 1, 2 asked; retry or ask another replica")
+        assert h.get("/v1/state").json()["skipped"] == 0
