@@ -233,6 +233,29 @@ def test_predict_with_min_seq_waits_for_the_seq_or_says_how_far_it_is(pair):
     assert list(client.predict(np.ones((1, 4)), min_seq=seq + 1)) == [1]
 
 
+def test_feedback_goes_to_the_replica_that_answered_and_is_applied_by_all(pair):
+    r1, r2 = pair
+    _create(r2, "fb")
+    assert _learn(r2, "fb", np.eye(4)[:2], ["a", "b"]).status_code == 200
+    with r1.http() as h1, r2.http() as h2:
+        asked = h1.post("/v1/learners/fb/predict", json={"x": [[1.0, 0, 0, 0]]}).json()
+        pid = asked["prediction_id"][0]
+        other = h2.post("/v1/learners/fb/feedback", json={"prediction_id": pid, "y": "b"})
+        assert other.status_code == 404 and "not issued by this replica" in other.json()["error"]
+        own = h2.post("/v1/learners/fb/predict", json={"x": [[1.0, 0, 0, 0]]}).json()
+        assert own["prediction_id"][0] != pid  # each replica numbers its own
+        done = h1.post("/v1/learners/fb/feedback", json={"prediction_id": pid, "y": "b"})
+        assert done.status_code == 200 and done.json()["learned"] == 1, done.text
+        again = h1.post("/v1/learners/fb/feedback", json={"prediction_id": pid, "y": "b"})
+        assert again.json()["learned"] == 0 and again.json()["duplicate"] == [True]
+        seq = done.json()["seq"]
+        s1, s2 = _state(r1, "fb", seq), _state(r2, "fb", seq)
+        assert s1["digest"] == s2["digest"] and s1["seen"] == 3
+        live = [h.get("/v1/learners/fb/metrics").json() for h in (h1, h2)]
+        assert live[0]["feedback"] == live[1]["feedback"] == 1
+        assert live[0]["accuracy"] == live[1]["accuracy"] == 0.0  # answered a, truly b
+
+
 def test_a_record_that_fails_to_apply_is_skipped_alike_on_every_replica(pair, nats_url):
     r1, r2 = pair
     _create(r1, "skip")

@@ -204,6 +204,9 @@ class Log:
                 config=ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
                                       opt_start_seq=max(1, int(start))))
         delivery.sub = self.call(go())
+        jsi = getattr(delivery.sub, "_jsi", None)
+        if jsi is not None and getattr(jsi, "_sseq", None) == 0:  # a reset before the first
+            jsi._sseq = max(0, int(start) - 1)  # message resumes at start, not at seq 1
         return delivery
 
     def stream_info(self, stream: str) -> dict:

@@ -38,7 +38,7 @@ from ciosl.serve import snapshots, wal
 from ciosl.serve.answers import apply_request, idle_wait, refresh_answer, staleness
 from ciosl.serve.common import Options, _one_line, _stderr, bad_text
 from ciosl.serve.events import EventLog
-from ciosl.serve.feedback import Kept, PredictionWindow
+from ciosl.serve.feedback import Gone, Kept, PredictionWindow, parse_pid
 from ciosl.serve.folder import ServeError
 from ciosl.serve.jetstream import Log
 from ciosl.serve.score import LiveScore, Rates, same
@@ -98,7 +98,8 @@ class StreamService:
         self.tag = _tag(self.folder)
         self._recover()
         staleness(self)
-        self.window = PredictionWindow(self.folder, self.options.feedback_window)
+        self.window = _Window(PredictionWindow(self.folder, self.options.feedback_window),
+                              self.tag)
         start = self.seq
         last = self.log.stream_info(self.stream)["last_seq"]
         self._thread = threading.Thread(target=self._applier, name="ciosl-applier",
@@ -153,8 +154,8 @@ class StreamService:
             return fut
         if rid is not None:
             with contextlib.suppress(KeyError):  # applied here before: no publish
-                fut.set_result(Answer(200, {"learned": 0, "duplicate": True,
-                                            "seq": self.ids.seq_of(rid)}))
+                _answer(fut, Answer(200, {"learned": 0, "duplicate": True,
+                                          "seq": self.ids.seq_of(rid)}), self._seen())
                 return fut
         payload = wal.payload_of(x, y, rid)
         self.log.submit(self._publish(payload, rid or uuid.uuid4().hex, fut, len(y)))
@@ -176,7 +177,7 @@ class StreamService:
         fb = [[f"{self.tag}/{pid}", k.answered, k.novelty, lab not in classes[:k.known],
                k.novel] for pid, k, lab in zip(pids, kept, y, strict=True)]
         mid = "fb:" + hashlib.sha256(json.dumps([fb, y], default=str).encode()).hexdigest()[:40]
-        self.log.submit(self._publish(wal.payload_of(x, y, None, fb), mid, fut, len(y)))
+        self.log.submit(self._publish(wal.payload_of(x, y, None, fb), mid, fut, -len(y)))
         return fut
 
     def submit_snapshot(self) -> cf.Future:
@@ -188,7 +189,8 @@ class StreamService:
         return job.future
 
     async def _publish(self, payload: bytes, mid: str, fut: cf.Future, samples: int) -> None:
-        """(on the log's loop) Publish, then answer once this replica applied that seq."""
+        """(on the log's loop) Publish, then answer once this replica applied that seq
+        (``samples`` < 0: a feedback record of ``-samples`` rows)."""
         t0 = time.perf_counter()
         try:
             seq, dup = await self.log.publish(self.subject, self.stream, payload, mid,
@@ -199,14 +201,17 @@ class StreamService:
             return
         if self.on_commit is not None and not dup:
             with contextlib.suppress(Exception):
-                self.on_commit(time.perf_counter() - t0, 1, samples)
+                self.on_commit(time.perf_counter() - t0, 1, abs(samples))
         with self._cond:
             if self.seq < seq:
                 self._waiters.setdefault(seq, []).append((fut, dup, samples))
                 self.log.loop.call_later(APPLY_SECONDS, self._expire, seq, fut)
                 return
             answer = self._outcomes.get(seq)
-        _answer(fut, _outcome(answer, seq, dup, samples))
+        _answer(fut, _outcome(answer, seq, dup, samples), self._seen())
+
+    def _seen(self) -> int:
+        return int(self.learner.n_seen_)
 
     def _expire(self, seq: int, fut: cf.Future) -> None:
         _answer(fut, Answer(503, {"error": f"the log acknowledged seq {seq}, this replica has "
@@ -355,7 +360,7 @@ class StreamService:
             waiting = self._waiters.pop(seq, ())
             self._cond.notify_all()
         for fut, dup, samples in waiting:
-            _answer(fut, _outcome(answer, seq, dup, samples))
+            _answer(fut, _outcome(answer, seq, dup, samples), self._seen())
 
     def _gap(self, seq: int) -> bool:
         """Records before ``seq`` were purged (a snapshot covers them): the newest snapshot
@@ -407,17 +412,56 @@ class StreamService:
                 "seconds": round(time.perf_counter() - t0, 6)}
 
 
+SPAN = 10**12  # prediction ids of one replica: p-<its number * SPAN + n>
+
+
+class _Window:
+    """This replica's prediction window (``feedback.PredictionWindow``) whose ids are
+    numbered from the replica's own offset: an id another replica issued is 404 here, never
+    taken for one of this replica's predictions."""
+
+    def __init__(self, inner: PredictionWindow, tag: str):
+        self.inner, self.offset = inner, (int(tag, 16) % 99_999 + 1) * SPAN
+
+    def add(self, X, answered, novelty, known, novel) -> list[str]:
+        return [f"p-{self.offset + int(p[2:])}" for p in self.inner.add(
+            X, answered, novelty, known, novel)]
+
+    def get(self, pid: str, field: str = "prediction_id") -> Kept:
+        local = parse_pid(pid, field) - self.offset
+        if not 0 <= local < SPAN:
+            raise Gone(404, f"{field} {pid}: not issued by this replica (a prediction's "
+                       "features are kept by the replica that answered it: send its feedback "
+                       "there)")
+        try:
+            return self.inner.get(f"p-{local}", field)
+        except Gone as e:
+            raise Gone(e.status, str(e).replace(f"p-{local}:", f"{pid}:", 1)) from None
+
+    def sync(self) -> None:
+        self.inner.sync()
+
+    def close(self) -> None:
+        self.inner.close()
+
+
 def _outcome(answer: Answer | None, seq: int, dup: bool, samples: int) -> Answer:
     """The answer to a request published as ``seq`` (a JetStream duplicate of ``seq``: it
-    learned nothing)."""
+    learned nothing; ``samples`` < 0: feedback rows, whose duplicates are one per row)."""
+    if dup and samples < 0:
+        correct = answer.body.get("correct") if answer is not None else None
+        return Answer(200, {"learned": 0, "duplicate": [True] * -samples, "seq": seq,
+                            **({"correct": correct} if correct is not None else {})})
     if dup:
         return Answer(200, {"learned": 0, "duplicate": True, "seq": seq})
     if answer is None:  # applied long ago (its outcome forgotten): it was learned
-        return Answer(200, {"learned": samples, "duplicate": False, "seq": seq})
+        return Answer(200, {"learned": abs(samples), "duplicate": False, "seq": seq})
     return Answer(answer.status, dict(answer.body))
 
 
-def _answer(fut: cf.Future, answer: Answer) -> None:
+def _answer(fut: cf.Future, answer: Answer, seen: int | None = None) -> None:
+    if seen is not None and answer.status == 200:
+        answer.body.setdefault("seen", seen)
     with contextlib.suppress(cf.InvalidStateError):
         fut.set_result(answer)
 
@@ -426,7 +470,10 @@ def _tag(folder: Path) -> str:
     """This replica's name for its prediction ids (``--dir``'s own, kept in a file)."""
     path = folder / TAG
     if path.exists():
-        return path.read_text().strip()
+        tag = path.read_text().strip()
+        with contextlib.suppress(ValueError):
+            int(tag, 16)
+            return tag
     tag = secrets.token_hex(6)
     path.write_text(tag + "\n")
     return tag
