@@ -21,6 +21,8 @@ from ciosl.serve.folder import ServeError
 KV_BUCKET = "ciosl_learners"
 OBJ_BUCKET = "ciosl_snapshots"
 CONNECT_SECONDS = 10.0
+RETRY_SECONDS = 0.1  # between two tries of a publish that found no stream leader
+HEARTBEAT_SECONDS = 0.5  # an ordered consumer missing two is made again
 
 
 def parse_log(value: str) -> list[str]:
@@ -177,9 +179,22 @@ class Log:
                       timeout: float) -> tuple[int, bool]:
         """(on the loop) Publish with ``Nats-Msg-Id``: (the stream seq, whether JetStream
         took it as a duplicate of an earlier message with that id)."""
-        ack = await self.js.publish(subject, payload, timeout=timeout, stream=stream,
-                                    headers={"Nats-Msg-Id": msg_id})
-        return int(ack.seq), bool(ack.duplicate)
+        from nats.errors import NoRespondersError
+        from nats.errors import TimeoutError as NatsTimeout
+        from nats.js.errors import NoStreamResponseError, ServiceUnavailableError
+
+        deadline = self.loop.time() + timeout
+        while True:  # retried with the same id while time is left: JetStream drops a double
+            left = deadline - self.loop.time()
+            try:
+                ack = await self.js.publish(subject, payload, timeout=max(0.05, left),
+                                            stream=stream, headers={"Nats-Msg-Id": msg_id})
+                return int(ack.seq), bool(ack.duplicate)
+            except (NoStreamResponseError, NoRespondersError, ServiceUnavailableError,
+                    NatsTimeout, asyncio.TimeoutError):  # no stream leader yet, or no answer
+                if deadline - self.loop.time() < RETRY_SECONDS:
+                    raise
+            await asyncio.sleep(RETRY_SECONDS)
 
     def publish_sync(self, subject: str, stream: str, payload: bytes, msg_id: str,
                      timeout: float = 5.0) -> tuple[int, bool]:
@@ -200,7 +215,8 @@ class Log:
 
         async def go():
             return await self.js.subscribe(
-                subject, stream=stream, cb=cb, ordered_consumer=True, idle_heartbeat=1.0,
+                subject, stream=stream, cb=cb, ordered_consumer=True,
+                idle_heartbeat=HEARTBEAT_SECONDS,
                 config=ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
                                       opt_start_seq=max(1, int(start))))
         delivery.sub = self.call(go())
@@ -231,20 +247,20 @@ class Log:
         except KeyWrongLastSequenceError:
             return False
 
-    def kv_get(self, key: str) -> bytes | None:
+    def kv_get(self, key: str, timeout: float | None = None) -> bytes | None:
         from nats.js.errors import KeyDeletedError, KeyNotFoundError
 
         try:
-            entry = self.call(self.kv.get(key))
+            entry = self.call(self.kv.get(key), timeout)
         except (KeyNotFoundError, KeyDeletedError):
             return None
         return entry.value
 
-    def kv_keys(self) -> list[str]:
+    def kv_keys(self, timeout: float | None = None) -> list[str]:
         from nats.js.errors import NoKeysError
 
         try:
-            return sorted(self.call(self.kv.keys()))
+            return sorted(self.call(self.kv.keys(), timeout))
         except NoKeysError:
             return []
 

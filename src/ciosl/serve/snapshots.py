@@ -13,6 +13,7 @@ stream is purged below the oldest kept (its records stay: that snapshot ends at 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -101,7 +102,8 @@ def store(log, stream: str, seq: int, blob: bytes) -> int:
                    if (s := seq_of_name(n)) is not None)
     kept = names[-KEEP:]
     for _, name in names[:-KEEP]:
-        log.obj_delete(name)
+        with contextlib.suppress(Exception):  # another replica removed it meanwhile
+            log.obj_delete(name)
     oldest = kept[0][0] if kept else seq
     log.purge_below(stream, oldest)
     return oldest

@@ -42,6 +42,7 @@ from ciosl.serve.replica import StreamService
 STREAMS = "streams"
 CACHE_SECONDS = 1.0  # a learner known here is checked against the bucket this often
 NAMES_SECONDS = 0.1  # the list of names: read again after this
+STALE_SECONDS = 0.5  # how long a read of what is known already waits for the log at most
 
 
 class StreamHub(Hub):
@@ -113,10 +114,12 @@ class StreamHub(Hub):
             hit = self._known.get(name)
         if hit is not None and not fresh and now - hit[0] < CACHE_SECONDS:
             return hit[1]
-        try:
-            raw = self.log.kv_get(name)
+        try:  # known: never held up long by a log that is away (answers go on)
+            raw = self.log.kv_get(name, STALE_SECONDS if hit is not None else None)
         except Exception as e:
-            if hit is not None:  # the log is away: what was known
+            if hit is not None:  # the log is away: what was known, for another while
+                with self._known_lock:
+                    self._known[name] = (now, hit[1])
                 return hit[1]
             raise Unavailable(503, f"the log {self.log.text} does not answer "
                               f"({_one_line(e)}); retry") from None
@@ -132,10 +135,13 @@ class StreamHub(Hub):
         now = time.monotonic()
         if now - self._names[0] >= NAMES_SECONDS:
             try:
-                self._names = (now, [k for k in self.log.kv_keys() if NAME.fullmatch(k)])
+                keys = self.log.kv_keys(STALE_SECONDS if self._names[0] else None)
+                self._names = (now, [k for k in keys if NAME.fullmatch(k)])
             except Exception as e:
-                raise Unavailable(503, f"the log {self.log.text} does not answer "
-                                  f"({_one_line(e)}); retry") from None
+                if not self._names[0]:
+                    raise Unavailable(503, f"the log {self.log.text} does not answer "
+                                      f"({_one_line(e)}); retry") from None
+                self._names = (now, self._names[1])  # the log is away: what was known
         return list(self._names[1])
 
     def exists(self, name: str) -> bool:
