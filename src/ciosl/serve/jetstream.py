@@ -148,10 +148,20 @@ class Log:
             return await bind(name)
 
     def close(self) -> None:
-        if self.nc is not None and self._thread.is_alive():
-            with contextlib.suppress(Exception):
-                self.call(self.nc.close(), 10)
+        """Close the connection, end what still runs on the loop (nats-py's consumer
+        heartbeat checks), stop the loop."""
+        async def shutdown():
+            if self.nc is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(self.nc.close(), 10)
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
         if self._thread.is_alive():
+            with contextlib.suppress(Exception):
+                self.call(shutdown(), 20)
             self.loop.call_soon_threadsafe(self.loop.stop)
             self._thread.join(10)
 

@@ -90,6 +90,7 @@ class StreamService:
         self._outcomes: collections.OrderedDict[int, Answer] = collections.OrderedDict()
         self._delivery = None
         self._thread: threading.Thread | None = None
+        self.snapshot_on_close = self.options.snapshot_on_close  # (not for a deleted one)
 
     # ------------------------------------------------------------------ opening
     def open(self) -> StreamService:
@@ -247,6 +248,8 @@ class StreamService:
             self._delivery.stop()
             self._delivery = None
         if self._thread is not None and self._thread.is_alive():
+            if self.snapshot_on_close and self.broken is None and self.seq > self.snap_seq:
+                self._queue.put(_Job("snapshot"))  # a reload (or another replica) starts there
             self._queue.put(_Job("stop"))
             self._thread.join()
         with self._cond:

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ciosl.serve import folder as folder_mod
+from ciosl.fileio import dangling_link, dangling_text
 from ciosl.serve.common import Options, _one_line, _stderr
 from ciosl.serve.events import EventLog
 from ciosl.serve.folder import ServeError
@@ -40,6 +40,7 @@ from ciosl.serve.jetstream import Log, parse_log
 from ciosl.serve.replica import StreamService
 
 STREAMS = "streams"
+OWN = {STREAMS, HUB_LOCK, "token", "extractor.json"}  # what a replica's --dir holds
 CACHE_SECONDS = 1.0  # a learner known here is checked against the bucket this often
 NAMES_SECONDS = 0.1  # the list of names: read again after this
 STALE_SECONDS = 0.5  # how long a read of what is known already waits for the log at most
@@ -75,7 +76,18 @@ class StreamHub(Hub):
         return self
 
     def _claim(self) -> None:
-        f = folder_mod.check_place(self.root)
+        f = self.root
+        if f.is_dir() and not (f / STREAMS).is_dir():  # a replica's own folder, or a new one
+            others = sorted(p.name for p in f.iterdir() if p.name not in OWN)
+            if others:
+                raise ServeError(f"--dir {f}: not the folder of a --log nats replica (it "
+                                 f"holds {', '.join(others[:3])}); give one of its own")
+        link = dangling_link(f)
+        if link is not None:
+            raise ServeError(f"--dir {f}: {dangling_text(link)}; create its target or give "
+                             "another --dir")
+        if f.exists() and not f.is_dir():
+            raise ServeError(f"--dir {f}: not a folder")
         try:
             f.mkdir(parents=True, exist_ok=True)
             fd = os.open(f / HUB_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
@@ -206,6 +218,7 @@ class StreamHub(Hub):
             entry = self._entries.pop(name, None) or _Entry()
         with entry.load_lock:
             if entry.service is not None:
+                entry.service.snapshot_on_close = False
                 entry.service.close()
                 entry.service.broken = f"learner {name!r} was deleted"
                 entry.service = None
