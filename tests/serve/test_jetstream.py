@@ -151,6 +151,7 @@ def test_learns_are_acknowledged_with_the_stream_seq_once_per_id(pair, nats_url)
     assert wide.status_code == 422 and "width 6" in wide.json()["error"]
     assert surrogate.status_code == 400 and "lone surrogate" in surrogate.json()["error"]
     assert _info(nats_url, stream)["messages"] == 2
+    assert [r.id for r in _records(nats_url, stream)] == ["req-1", None]  # no id made up
     s1, s2 = _state(r1, "ack", 2), _state(r2, "ack", 2)
     assert s1["seen"] == s2["seen"] == 4 and s1["digest"] == s2["digest"]
 
@@ -316,15 +317,47 @@ def test_a_late_replica_catches_up_from_a_snapshot_and_skips_a_damaged_one(pair,
                    for line in r4.err)
 
 
-def test_an_unreachable_log_fails_at_start_in_one_line(tmp_path):
-    port = free_port()
-    r = subprocess.run([sys.executable, "-m", "ciosl", "serve", "--port", "0", "--dir",
-                        str(tmp_path / "d"), "--log", f"nats://127.0.0.1:{port}"],
+def test_a_replica_stopped_cleanly_restarts_on_its_dir_from_its_snapshot(tmp_path):
+    with NatsServer(tmp_path / "nats") as server:
+        server.wait_ready()
+        args = ("--log", server.url, "--snapshot-every", "0", "--snapshot-seconds", "0")
+        first = Server(tmp_path / "r", *args, "--method", "ncm")
+        with first.client() as c:
+            for i in range(4):
+                c.learn_one(np.full(3, i, np.float32), i % 2)
+        before = _state(first, "default")
+        assert first.stop() == 0 and "Traceback" not in "".join(first.err)
+        with Server(tmp_path / "r", *args) as again:
+            assert "(seen 4, 2 classes, 0 log records replayed" in again.lines[0]
+            assert _state(again, "default") == before
+
+
+def _cli(*args) -> str:
+    r = subprocess.run([sys.executable, "-m", "ciosl", "serve", "--port", "0", *args],
                        capture_output=True, text=True, timeout=120,
                        env={**os.environ, "CIOSL_TOKEN": TOKEN})
     assert r.returncode != 0 and "Traceback" not in r.stderr
     assert r.stderr.count("\n") == 1, r.stderr
-    assert f"--log nats://127.0.0.1:{port}" in r.stderr and "no NATS server" in r.stderr
+    return r.stderr.strip()
+
+
+def test_an_unreachable_log_fails_at_start_in_one_line(tmp_path):
+    port = free_port()
+    line = _cli("--dir", str(tmp_path / "d"), "--log", f"nats://127.0.0.1:{port}")
+    assert f"--log nats://127.0.0.1:{port}: no NATS server answers there" in line
+    assert not (tmp_path / "d").exists()
+
+
+@pytest.mark.parametrize("flags, says", [
+    (("--log", "http://127.0.0.1:4222"), "--log http://127.0.0.1:4222: expected 'folder' or "
+     "nats://HOST:PORT"),
+    (("--log", "nats://127.0.0.1:4222,nohost"), "'nohost' is not HOST:PORT"),
+    (("--log-replicas", "9"), "--log-replicas must be in 1..5, got 9"),
+    (("--log-dedupe-window", "0"), "--log-dedupe-window must be a number of seconds"),
+    (("--min-seq-wait", "nan"), "--min-seq-wait must be a number of seconds in 0..3600"),
+])
+def test_the_log_flags_are_checked_in_one_line(tmp_path, flags, says):
+    assert says in _cli("--dir", str(tmp_path / "d"), *flags)
     assert not (tmp_path / "d").exists()
 
 
