@@ -276,8 +276,7 @@ class StreamService:
                     continue
                 if isinstance(item, tuple):
                     self._record(*item)
-                    if self._queue.empty():
-                        self._maybe_snapshot()
+                    self._maybe_snapshot()
                 elif item.kind == "snapshot":
                     try:
                         item.future.set_result(Answer(200, self._snapshot()))
