@@ -323,6 +323,48 @@ def test_a_late_replica_catches_up_from_a_snapshot_and_skips_a_damaged_one(pair,
                    for line in r4.err)
 
 
+def test_a_replica_left_behind_by_a_purge_continues_from_the_snapshot(nats_url, tmp_path):
+    """In process: replica b's delivery paused while a learns and snapshots twice (the
+    stream purged below the older); b, delivered again from where it was, finds the records
+    gone and loads the snapshot that covers them instead of stopping."""
+    from ciosl.serve.common import Options
+    from ciosl.serve.jetstream import Log
+    from ciosl.serve.replica import StreamService
+
+    log = Log([nats_url]).connect()
+    entry = {"method": "ncm", "settings": {}, "stream": "CIOSL_behind_0000abcd",
+             "subject": "ciosl.behind.0000abcd"}
+    log.ensure_stream(entry["stream"], entry["subject"])
+    options = Options(snapshot_every=0, snapshot_seconds=0, snapshot_on_close=False)
+    a = StreamService(log, "behind", entry, tmp_path / "a", options=options).open()
+    b = StreamService(log, "behind", entry, tmp_path / "b", options=options).open()
+    try:
+        rng = np.random.default_rng(4)
+
+        def teach(k):
+            for _ in range(k):
+                answer = a.submit_learn(rng.normal(size=(1, 4)).astype(np.float32),
+                                        [int(rng.integers(0, 3))], None).result(30)
+                assert answer.status == 200, answer.body
+        teach(3)
+        assert b.wait_applied(3, 30)
+        b._delivery.stop()  # b falls behind
+        teach(5)
+        assert a.submit_snapshot().result(30).body["seq"] == 8
+        teach(4)
+        assert a.submit_snapshot().result(30).body["seq"] == 12
+        teach(2)
+        assert _info(nats_url, entry["stream"])["first_seq"] == 8 and b.seq == 3
+        b._delivery = log.deliver(entry["stream"], entry["subject"], 4, b._queue)
+        assert b.wait_applied(14, 30) and b.dead() is None
+        assert b.state()["digest"] == a.state()["digest"]
+        assert b.skipped == 0
+    finally:
+        a.close()
+        b.close()
+        log.close()
+
+
 def test_a_replica_stopped_cleanly_restarts_on_its_dir_from_its_snapshot(tmp_path):
     with NatsServer(tmp_path / "nats") as server:
         server.wait_ready()
