@@ -46,6 +46,7 @@ from ciosl.serve.service import Answer, Service
 
 PUBLISH_SECONDS = 5.0  # JetStream's acknowledgement, at most
 APPLY_SECONDS = 30.0  # then this replica's applying that seq, at most
+STALL_SECONDS = 60.0  # a replica opening, catching up, waits this long for its next record
 OUTCOMES = 65536  # the answers of the last records applied, for their waiting requests
 TAG = "replica"  # the file of --dir/streams/STREAM naming this replica's prediction ids
 
@@ -107,9 +108,15 @@ class StreamService:
                                         daemon=True)
         self._thread.start()
         self._delivery = self.log.deliver(self.stream, self.subject, self.seq + 1, self._queue)
+        seen, since = self.seq, time.monotonic()
         with self._cond:  # caught up with the stream as it was at open before answering
             while self.seq < last and self.dead() is None:
                 self._cond.wait(1.0)
+                if self.seq != seen:
+                    seen, since = self.seq, time.monotonic()
+                elif time.monotonic() - since > STALL_SECONDS:
+                    self.broken = (f"no record of {self.stream} after seq {self.seq} came "
+                                   f"within {STALL_SECONDS:g} s (it ends at {last})")
         if self.dead() is not None:
             self.close()
             raise ServeError(f"learner {self.name!r}: {self.dead()}")
