@@ -264,6 +264,11 @@ def test_a_record_that_fails_to_apply_is_skipped_alike_on_every_replica(pair, na
     assert _learn(r1, "skip", np.ones((2, 4)), [1, 2]).status_code == 200
     payload = wal.payload_of(np.ones((1, 6), np.float32), [3], "odd")  # width 6, not 4
     bad = _publish(nats_url, entry["subject"], payload, "odd")
+    with r1.http() as h:  # its id again, within JetStream's window: as the original failed
+        retry = h.post("/v1/learners/skip/learn", json={"x": [[0.0] * 4], "y": [3],
+                                                        "id": "odd"})
+        assert retry.status_code == 422 and retry.json()["seq"] == bad, retry.text
+        assert "width 6" in retry.json()["error"]
     after = _learn(r2, "skip", np.zeros((1, 4)), [3])
     assert after.status_code == 200 and after.json()["seq"] == bad + 1
     # an id learned before, again in the stream (JetStream's window passed): learns nothing

@@ -457,6 +457,8 @@ class _Window:
 def _outcome(answer: Answer | None, seq: int, dup: bool, samples: int) -> Answer:
     """The answer to a request published as ``seq`` (a JetStream duplicate of ``seq``: it
     learned nothing; ``samples`` < 0: feedback rows, whose duplicates are one per row)."""
+    if dup and answer is not None and answer.status != 200:  # the original failed: so did it
+        return Answer(answer.status, dict(answer.body))
     if dup and samples < 0:
         correct = answer.body.get("correct") if answer is not None else None
         return Answer(200, {"learned": 0, "duplicate": [True] * -samples, "seq": seq,
