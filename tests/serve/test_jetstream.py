@@ -385,6 +385,30 @@ def test_a_replica_stopped_cleanly_restarts_on_its_dir_from_its_snapshot(tmp_pat
             assert _state(again, "default") == before
 
 
+def test_a_log_that_does_not_acknowledge_is_503_and_answers_go_on(tmp_path):
+    with NatsServer(tmp_path / "nats") as server:
+        server.wait_ready()
+        with Server(tmp_path / "r", "--log", server.url, "--method", "ncm") as r, \
+                r.http() as h:
+            assert _learn(r, "default", np.ones((1, 3)), [1], rid="x1").json()["seq"] == 1
+            server.kill()
+            down = h.post("/v1/learn", json={"x": [[2.0, 2, 2]], "y": [2], "id": "x2"})
+            assert down.status_code == 503
+            assert down.json()["error"].startswith(f"the log {server.url} did not acknowledge (")
+            assert down.json()["error"].endswith("); retry with the same id")
+            # what this replica holds still answers without the log
+            assert h.post("/v1/predict", json={"x": [[1.0, 1, 1]]}).json()["label"] == [1]
+            assert h.get("/v1/state").json()["seq"] == 1
+            server.start()
+            server.wait_ready()
+            for _ in range(100):  # the client's retry, same id, once the log is back
+                again = h.post("/v1/learn", json={"x": [[2.0, 2, 2]], "y": [2], "id": "x2"})
+                if again.status_code != 503:
+                    break
+            assert again.status_code == 200 and again.json()["seq"] == 2, again.text
+            assert h.get("/v1/state").json()["seen"] == 2
+
+
 def _cli(*args) -> str:
     r = subprocess.run([sys.executable, "-m", "ciosl", "serve", "--port", "0", *args],
                        capture_output=True, text=True, timeout=120,
