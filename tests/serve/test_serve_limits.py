@@ -161,3 +161,26 @@ def test_the_bytes_of_bodies_held_at_once_are_bounded(tmp_path):
             import numpy as np
 
             assert c.learn_many(np.ones((1, 16000), np.float32), [0])["learned"] == 1
+
+
+def test_a_request_head_over_its_bound_is_refused_and_named(tmp_path):
+    """A head of endless header lines is refused once it passes 64 KiB, naming the bound,
+    while the connection is still sending it; the server keeps answering. (h11 answered a
+    bare 400 'Invalid HTTP request received.')"""
+    with Server(tmp_path, "--method", "ncm") as s:
+        sock = _connect(s)
+        sock.sendall(b"GET /v1/health HTTP/1.1\r\nHost: x\r\n")
+        try:
+            for i in range(200):  # 200 x 1 KiB header lines, never ended
+                sock.sendall(f"X-Pad-{i}: ".encode() + b"a" * 1000 + b"\r\n")
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        answer = _read_all(sock)
+        sock.close()
+        assert answer.startswith(b"HTTP/1.1 431"), answer[:80]
+        assert b"request head over 65536 bytes" in answer
+        with s.client() as c:  # a head just under the bound is served
+            r = httpx.get(s.url + "/v1/health", headers={"X-Pad": "a" * 60_000}, timeout=GUARD)
+            assert r.status_code == 200
+            c.learn_one([1.0, 2.0], "a")
+            assert c.health()["seen"] == 1

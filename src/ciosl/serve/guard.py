@@ -1,9 +1,13 @@
-"""Connections held within bounds (uvicorn's h11 protocol, guarded): at most
+"""Connections held within bounds (uvicorn's httptools protocol, guarded): at most
 ``max_connections`` open at once (one more is answered 503 and closed at once, so the open-file
-limit is never reached), and a connection must send a complete request head (method, path,
+limit is never reached); a connection must send a complete request head (method, path,
 headers) within ``head_seconds`` of opening or of its previous answer: an idle connection, or
-headers sent a byte a second, are closed (with 408 once anything was sent). The condition is
-said once per episode on stderr, never per connection."""
+headers sent a byte a second, are closed (with 408 once anything was sent); and a request head
+is at most ``MAX_HEAD`` bytes (431 and closed: the parser would keep every header line). The
+condition is said once per episode on stderr, never per connection.
+
+httptools (the llhttp parser, in C) rather than h11 (pure Python): the HTTP stack's own cost
+per request is what small requests pay (docs/findings/serving.md)."""
 
 from __future__ import annotations
 
@@ -11,8 +15,9 @@ import json
 import resource
 import sys
 
-import h11
-from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+MAX_HEAD = 64 * 1024  # bytes of one request head (request line and headers) at most
 
 
 def _response(status: str, message: str) -> bytes:
@@ -48,10 +53,13 @@ class Guard:
     def protocol(self) -> type:
         guard = self
 
-        class Guarded(H11Protocol):
+        class Guarded(HttpToolsProtocol):
             _refused = False
             _head_timer = None
             _heard = False  # bytes of the next request head have arrived
+            _awaiting = True  # no request in hand: the next one's head is awaited
+            _in_head = False  # a request's head begun (the parser said so), not complete
+            _head_bytes = 0  # bytes received since the head was awaited or begun
 
             def connection_made(self, transport):
                 if guard.full():
@@ -72,20 +80,40 @@ class Guard:
                 super().connection_lost(exc)
 
             def data_received(self, data):
-                if self.conn.their_state is h11.IDLE:
+                heading = self._awaiting or self._in_head
+                if heading:
                     self._heard = True
+                    self._head_bytes += len(data)
                 super().data_received(data)
+                if (self._awaiting or self._in_head) and self._head_bytes > MAX_HEAD \
+                        and not self.transport.is_closing():
+                    self._disarm()
+                    self.transport.write(_response(
+                        "431 Request Header Fields Too Large", f"request head over "
+                        f"{MAX_HEAD} bytes (the request line and headers)"))
+                    self.transport.close()
+                    return
                 self._arm()
 
+            def on_message_begin(self):
+                self._in_head = True
+                super().on_message_begin()
+
+            def on_headers_complete(self):
+                self._awaiting = self._in_head = self._heard = False
+                self._head_bytes = 0
+                super().on_headers_complete()
+
             def on_response_complete(self):
-                self._heard = False
+                pipelined = bool(self.pipeline)  # a next request's head already complete
                 super().on_response_complete()
+                if not pipelined and not self._in_head:
+                    self._awaiting, self._heard, self._head_bytes = True, False, 0
                 self._arm()
 
             def _arm(self):
                 """A timer runs while the next request's head is awaited; none otherwise."""
-                waiting = self.conn.their_state is h11.IDLE and (
-                    self.cycle is None or self.cycle.response_complete)
+                waiting = self._awaiting or self._in_head
                 if not waiting or self.transport.is_closing():
                     self._disarm()
                 elif self._head_timer is None:

@@ -145,8 +145,7 @@ def serve(folder: str, method: str | None, overrides: dict[str, str], *,
         guard = Guard(max_connections, header_timeout)
         config = uvicorn.Config(app, log_level="warning", access_log=False,
                                 timeout_graceful_shutdown=30, http=guard.protocol(),
-                                timeout_keep_alive=max(1, int(header_timeout)),
-                                h11_max_incomplete_event_size=64 * 1024)
+                                timeout_keep_alive=max(1, int(header_timeout)))
         server = uvicorn.Server(config)
         app.state.api.stopping = lambda: server.should_exit  # open event streams end
         addr = sock.getsockname()
