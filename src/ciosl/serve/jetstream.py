@@ -23,6 +23,7 @@ OBJ_BUCKET = "ciosl_snapshots"
 CONNECT_SECONDS = 10.0
 RETRY_SECONDS = 0.1  # between two tries of a publish that found no stream leader
 HEARTBEAT_SECONDS = 0.5  # an ordered consumer missing two is made again
+QUEUED = 1024  # records delivered and not yet applied, at most (memory stays bounded)
 
 
 def parse_log(value: str) -> list[str]:
@@ -221,6 +222,8 @@ class Log:
         async def cb(msg):
             seq = msg.metadata.sequence.stream
             mid = (msg.headers or {}).get("Nats-Msg-Id")
+            while into.qsize() >= QUEUED and delivery.sub is not None:  # the applier is
+                await asyncio.sleep(0.005)  # behind: flow control holds the rest back
             into.put((seq, msg.data, mid))
 
         async def go():
