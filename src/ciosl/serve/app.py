@@ -19,6 +19,7 @@ import hmac
 import json
 import threading
 import time
+import weakref
 from typing import Any
 
 import numpy as np
@@ -31,6 +32,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ciosl.serve.batching import Turnstile
+from ciosl.serve.coalesce import Coalescer
 from ciosl.serve.events import frame, last_event_id
 from ciosl.serve.feedback import Gone
 from ciosl.serve.hub import DEFAULT, Hub, Unavailable
@@ -66,6 +68,8 @@ class Api:
         self.inflight = 0  # bytes of request bodies held now (the event loop's thread only)
         self._big_json = threading.Lock()
         self._order: dict[str, Turnstile] = {}  # learns reach each writer in arrival order
+        # predictions asked together answered in one call (coalesce.py), per loaded learner
+        self._together: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         hub.on_commit = self.metrics.on_commit
 
     # ------------------------------------------------------------------ plumbing
@@ -268,7 +272,10 @@ class Api:
                 raise Refused(503, f"this replica has applied up to seq {service.seq}, "
                               f"{min_seq} asked; retry or ask another replica")
             try:
-                answer = await run_in_threadpool(service.predict, x)
+                together = self._together.get(service)
+                if together is None:  # the event loop's thread only: no lock needed
+                    together = self._together[service] = Coalescer(service.predict)
+                answer = await run_in_threadpool(together, x)
             except LookupError as e:
                 raise Refused(409, str(e)) from None
             except (ValueError, TypeError) as e:
