@@ -23,6 +23,7 @@ OBJ_BUCKET = "ciosl_snapshots"
 CONNECT_SECONDS = 10.0
 RETRY_SECONDS = 0.1  # between two tries of a publish that found no stream leader
 HEARTBEAT_SECONDS = 0.5  # an ordered consumer missing two is made again
+START_SECONDS = 60.0  # a replica starting waits this long for JetStream to answer
 QUEUED = 1024  # records delivered and not yet applied, at most (memory stays bounded)
 
 
@@ -108,7 +109,7 @@ class Log:
             raise ServeError(f"--log {self.text}: no NATS server answers there ({why})")
         self._thread.start()
         try:
-            self.call(self._connect(), CONNECT_SECONDS + self.timeout + 5)
+            self.call(self._connect(), CONNECT_SECONDS + START_SECONDS + 10)
         except Exception as e:
             self.close()
             raise ServeError(f"--log {self.text}: cannot use JetStream there "
@@ -131,10 +132,18 @@ class Log:
             max_outstanding_pings=2, error_cb=error, disconnected_cb=quiet,
             reconnected_cb=quiet, closed_cb=quiet), CONNECT_SECONDS)
         self.js = self.nc.jetstream(timeout=self.timeout)
-        self.kv = await self._bucket(self.js.create_key_value, self.js.key_value, KV_BUCKET,
-                                     history=1)
-        self.obs = await self._bucket(self.js.create_object_store, self.js.object_store,
-                                      OBJ_BUCKET)
+        deadline = self.loop.time() + START_SECONDS
+        while True:  # a cluster electing its leader (a server down) answers in a while
+            try:
+                self.kv = await self._bucket(self.js.create_key_value, self.js.key_value,
+                                             KV_BUCKET, history=1)
+                self.obs = await self._bucket(self.js.create_object_store,
+                                              self.js.object_store, OBJ_BUCKET)
+                return
+            except Exception as e:
+                if not transient(e) or self.loop.time() > deadline:
+                    raise
+            await asyncio.sleep(0.5)
 
     async def _bucket(self, create, bind, name: str, **kw):
         from nats.js.errors import BucketNotFoundError
@@ -305,6 +314,17 @@ class Log:
 
     def obj_delete(self, name: str) -> None:
         self.call(self.obs.delete(name))
+
+
+def transient(e: BaseException) -> bool:
+    """Whether ``e`` is JetStream being away for a while (no answer, no responder, no leader
+    yet), which a later try may not meet."""
+    from nats.errors import ConnectionClosedError, NoRespondersError
+    from nats.errors import TimeoutError as NatsTimeout
+    from nats.js.errors import NoStreamResponseError, ServiceUnavailableError
+
+    return isinstance(e, TimeoutError | asyncio.TimeoutError | NatsTimeout | NoRespondersError
+                      | ServiceUnavailableError | NoStreamResponseError | ConnectionClosedError)
 
 
 def _line(e: BaseException) -> str:

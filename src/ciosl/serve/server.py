@@ -191,6 +191,11 @@ def _hub_class(options: Options | None) -> type[Hub]:
     """The folder log's hub, or the JetStream one for ``--log nats://...``."""
     if options is None or options.log == "folder":
         return Hub
+    try:
+        import nats  # noqa: F401
+    except ImportError:
+        raise ServeError(f"--log {options.log}: needs nats-py (pip install 'ciosl[nats]')") \
+            from None
     from ciosl.serve.stream_hub import StreamHub
 
     return StreamHub

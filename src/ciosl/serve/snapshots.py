@@ -78,6 +78,8 @@ def unpack(blob: bytes, description: str | None, scratch: Path) -> tuple[Learner
 def newest(log, stream: str, scratch: Path, warn) -> tuple[Learner, dict] | None:
     """The newest snapshot of ``stream`` that loads (``warn``: one line per one skipped), or
     None when none does."""
+    from nats.js.errors import NotFoundError
+
     names = sorted((s, n) for n in log.obj_list(stream + "/")
                    if (s := seq_of_name(n)) is not None)
     for seq, name in reversed(names):
@@ -86,7 +88,8 @@ def newest(log, stream: str, scratch: Path, warn) -> tuple[Learner, dict] | None
             learner, header = unpack(blob, description, scratch)
             if int(header["seq"]) != seq:
                 raise ValueError(f"it ends at seq {header['seq']}, its name says {seq}")
-        except Exception as e:  # damaged, or gone meanwhile: an older one
+        except (ValueError, KeyError, TypeError, NotFoundError) as e:  # damaged, or gone
+            # meanwhile: an older one (a log that does not answer is raised: tried again)
             warn(f"ciosl serve: snapshot {name} skipped ({str(e).splitlines()[0][:200]}); "
                  "trying an older one")
             continue

@@ -36,7 +36,7 @@ from ciosl.serve.hub import (
     check_name,
     settings_of,
 )
-from ciosl.serve.jetstream import Log, parse_log
+from ciosl.serve.jetstream import START_SECONDS, Log, parse_log, transient
 from ciosl.serve.replica import StreamService
 
 STREAMS = "streams"
@@ -62,11 +62,19 @@ class StreamHub(Hub):
         self.log.connect()  # an unreachable log fails before --dir is touched
         try:
             self._claim()
-            if method is not None:
-                self._ensure_default(method, settings)
-            elif self.exists(DEFAULT):
-                entry = self._entries.setdefault(DEFAULT, _Entry())
-                entry.service = self._service(DEFAULT, None).open()
+            deadline = time.monotonic() + START_SECONDS
+            while True:  # a cluster electing a leader (a server down) answers in a while
+                try:
+                    self._open_default(method, settings)
+                    break
+                except Exception as e:
+                    if not (transient(e) or (isinstance(e, Unavailable) and e.status == 503)):
+                        raise
+                    if time.monotonic() > deadline:
+                        raise ServeError(f"--log {self.log.text}: JetStream did not answer "
+                                         f"within {START_SECONDS:g} s ({_one_line(e)})") \
+                            from None
+                time.sleep(0.5)
         except BaseException:
             self.close()
             raise
@@ -101,6 +109,13 @@ class StreamHub(Hub):
                              f"{f / HUB_LOCK}); each replica needs a --dir of its own") from None
         self._lock_fd = fd
 
+    def _open_default(self, method: str | None, settings: dict | None) -> None:
+        if method is not None:
+            self._ensure_default(method, settings)
+        elif self.exists(DEFAULT):
+            entry = self._entries.setdefault(DEFAULT, _Entry())
+            entry.service = self._service(DEFAULT, None).open()
+
     def _ensure_default(self, method: str, settings: dict | None) -> None:
         """``--method``: make the learner ``default`` in the bucket, or check the one there."""
         meta = self.meta(DEFAULT, fresh=True)
@@ -109,6 +124,8 @@ class StreamHub(Hub):
                 self.create(DEFAULT, method, settings or {})
                 return
             except Unavailable as e:
+                if e.status == 503:  # the log away: tried again
+                    raise
                 if e.status != 409:
                     raise ServeError(f"--method {method}: {e}") from None
                 meta = self.meta(DEFAULT, fresh=True)
