@@ -253,6 +253,7 @@ class StreamHub(Hub):
             with contextlib.suppress(Unavailable):
                 meta = self.meta(name)
                 if meta is None or meta["stream"] != service.stream:
+                    service.snapshot_on_close = False  # of a learner deleted: none
                     done += self._unload(name)
         return done
 
