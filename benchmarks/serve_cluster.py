@@ -3,9 +3,11 @@ every process on loopback (NATS servers, ciosl replicas, clients), so the figure
 measured in one run, not a network's. Prints a table (``--out FILE``: the same as JSON):
 
 - served learns/s (``--method``, ``--batch`` samples per request, ``--clients`` learning
-  clients, ``--seconds`` each) through the local folder log, JetStream R1 (one server) and
-  JetStream R3 (a three-server cluster), interleaved over ``--rounds``; each against the same
-  learner learning the same batches in this process;
+  clients, ``--seconds`` each) through the local folder log (an fsync per group commit),
+  JetStream R1 (one server) and R3 (a three-server cluster) with the servers' default
+  ``sync_interval`` (an fsync every 2 minutes) and with ``sync_interval: always`` (an fsync
+  per write), interleaved over ``--rounds``; each against the same learner learning the same
+  batches in this process;
 - a new replica's catch-up: the records of the R3 stream read and applied at its start
   (``N log records replayed in S s``) against in-process learning of the same records;
 - the lag from a learn's acknowledgement by replica 1 to its being applied by replica 2 (R3;
@@ -302,11 +304,16 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         single = NatsServer(Path(tmp) / "single")
         cluster = NatsCluster(Path(tmp) / "cluster", 3)
+        single_sync = NatsServer(Path(tmp) / "single-sync", sync="always")
+        cluster_sync = NatsCluster(Path(tmp) / "cluster-sync", 3, sync="always")
         try:
             single.wait_ready()
+            single_sync.wait_ready()
             servers = {"folder": Replica(f"{tmp}/folder", *flags),
                        "R1": Replica(f"{tmp}/r1", "--log", single.url, *flags),
-                       "R3": Replica(f"{tmp}/r3", "--log", cluster.url, *flags)}
+                       "R3": Replica(f"{tmp}/r3", "--log", cluster.url, *flags),
+                       "R1 sync": Replica(f"{tmp}/r1s", "--log", single_sync.url, *flags),
+                       "R3 sync": Replica(f"{tmp}/r3s", "--log", cluster_sync.url, *flags)}
             for s in servers.values():
                 with s.http() as h:
                     for x, y in warm:
@@ -316,8 +323,10 @@ def main() -> None:
                 for name, s in servers.items():
                     rates[name].append(load([s.url], a.clients, a.seconds, stream))
             rows["learns_per_s"] = {k: float(np.mean(v)) for k, v in rates.items()}
-            servers["folder"].kill()
-            servers["R1"].kill()
+            for k in ("folder", "R1", "R1 sync", "R3 sync"):
+                servers[k].kill()
+            single_sync.close()
+            cluster_sync.close()
 
             # new replicas on the R3 stream: their catch-up against this process's, in
             # alternating rounds (the median of each)
@@ -376,6 +385,8 @@ def main() -> None:
                     rep.kill()
             single.close()
             cluster.close()
+            single_sync.close()
+            cluster_sync.close()
     rows["seconds"] = time.perf_counter() - t_start
     print_table(rows, a)
     if a.out:
@@ -387,9 +398,10 @@ def print_table(r: dict, a) -> None:
     local = r["in_process_learns_per_s"]
     print(f"{a.method}, d={a.dim}, batch {a.batch}, {a.clients} learning clients, "
           f"{a.rounds} x {a.seconds:g} s each (load at start {r['load'][0]:.2f})")
-    print("| log | learns/s | / folder | / in process |")
+    print("| log (sync: the NATS servers' sync_interval always) | learns/s | / folder | "
+          "/ in process |")
     print("|---|---:|---:|---:|")
-    for k in ("folder", "R1", "R3"):
+    for k in ("folder", "R1", "R3", "R1 sync", "R3 sync"):
         print(f"| {k} | {lp[k]:.0f} | {lp[k] / lp['folder']:.2f} | {lp[k] / local:.2f} |")
     print(f"| in process | {local:.0f} | {local / lp['folder']:.2f} | 1.00 |")
     c = r["catch_up"]

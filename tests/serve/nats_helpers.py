@@ -57,13 +57,17 @@ class NatsServer:
     member); without it a single server from flags, with its own store under ``folder``."""
 
     def __init__(self, folder, *, name: str = "n0", config: str | None = None,
-                 port: int | None = None, monitor: int | None = None, start: bool = True):
+                 port: int | None = None, monitor: int | None = None, start: bool = True,
+                 sync: str | None = None):
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
         self.name = name
         self.port = port or free_port()
         self.monitor = monitor or free_port()
         self.store = self.folder / "store"
+        if config is None and sync is not None:  # JetStream's sync_interval ("always": fsync
+            config = SINGLE_CONF.format(name=name, port=self.port, monitor=self.monitor,
+                                        store=self.store, sync=f"  sync_interval: {sync}\n")
         self.config = config
         self.proc: subprocess.Popen | None = None
         self.starts = 0
@@ -152,12 +156,20 @@ class NatsServer:
         self.close()
 
 
+SINGLE_CONF = """server_name: {name}
+listen: 127.0.0.1:{port}
+http: 127.0.0.1:{monitor}
+jetstream {{
+  store_dir: "{store}"
+{sync}}}
+"""
+
 CLUSTER_CONF = """server_name: {name}
 listen: 127.0.0.1:{port}
 http: 127.0.0.1:{monitor}
 jetstream {{
   store_dir: "{store}"
-}}
+{sync}}}
 cluster {{
   name: ciosl-test
   listen: 127.0.0.1:{route}
@@ -170,9 +182,10 @@ cluster {{
 
 class NatsCluster:
     """``n`` JetStream servers in one cluster on loopback (config files under ``folder/nK``).
-    ``url``: every client URL, joined by commas (what ``--log`` takes)."""
+    ``url``: every client URL, joined by commas (what ``--log`` takes). ``sync``: JetStream's
+    ``sync_interval`` (``"always"``: an fsync per write; default: the server's, 2 min)."""
 
-    def __init__(self, folder, n: int = 3, *, start: bool = True):
+    def __init__(self, folder, n: int = 3, *, start: bool = True, sync: str | None = None):
         self.folder = Path(folder)
         ports = [(free_port(), free_port(), free_port()) for _ in range(n)]
         routes = "\n".join(f"    nats-route://127.0.0.1:{r}" for _, _, r in ports)
@@ -180,7 +193,8 @@ class NatsCluster:
         for i, (port, monitor, route) in enumerate(ports):
             sub = self.folder / f"n{i}"
             conf = CLUSTER_CONF.format(name=f"n{i}", port=port, monitor=monitor,
-                                       store=sub / "store", route=route, routes=routes)
+                                       store=sub / "store", route=route, routes=routes,
+                                       sync="" if sync is None else f"  sync_interval: {sync}\n")
             self.servers.append(NatsServer(sub, name=f"n{i}", config=conf, port=port,
                                            monitor=monitor, start=False))
         if start:
