@@ -52,7 +52,8 @@ class Replica:
         self.lines: list[str] = []
 
     def start(self) -> Replica:
-        self.server = Server(self.folder, "--log", self.log, *self.flags)
+        self.server = Server(self.folder, "--log", self.log, *self.flags,
+                             env={"CIOSL_TRACEBACK": "1"})  # a failure to start says where
         self.lines.append(self.server.lines[0])
         return self
 
