@@ -18,7 +18,7 @@ import threading
 import httpx
 import numpy as np
 import pytest
-from nats_helpers import NatsServer, free_port
+from nats_helpers import NatsServer, free_port, learner_entry
 from server_helpers import TOKEN, Server
 
 from ciosl.learners.registry import get_method
@@ -257,6 +257,33 @@ def test_feedback_goes_to_the_replica_that_answered_and_is_applied_by_all(pair):
         assert live[0]["accuracy"] == live[1]["accuracy"] == 0.0  # answered a, truly b
 
 
+def test_two_replicas_with_the_same_tag_never_issue_the_same_prediction_id(pair, nats_url):
+    """Prediction ids are numbered from an offset drawn from the replica's tag: two replicas
+    whose tags gave the same offset (1 in 99,999) issued the same ids, and a correction sent to
+    the wrong one corrected another answer. The offset is claimed in the bucket; a taken one is
+    drawn again."""
+    r1, r2 = pair
+    _create(r1, "offsets")
+    assert _learn(r1, "offsets", np.eye(4)[:2], ["a", "b"]).status_code == 200
+    with r1.http() as h1:
+        pid1 = h1.post("/v1/learners/offsets/predict", json={"x": [[1.0, 0, 0, 0]]}).json()[
+            "prediction_id"][0]
+    stream = learner_entry(nats_url, "offsets")["stream"]
+    t1 = int((r1.folder / "streams" / stream / "replica").read_text(), 16)
+    t2 = t1 + 99_999 if t1 + 99_999 < 16**12 else t1 - 99_999  # another tag, the same offset
+    tag = f"{t2:012x}"
+    own = r2.folder / "streams" / stream  # r2 has not loaded 'offsets' yet: it takes this tag
+    own.mkdir(parents=True, exist_ok=True)
+    (own / "replica").write_text(tag)
+    with r2.http() as h2:
+        pid2 = h2.post("/v1/learners/offsets/predict", json={"x": [[1.0, 0, 0, 0]]}).json()[
+            "prediction_id"][0]
+        assert pid2 != pid1  # the same number of the same offset before
+        wrong = h2.post("/v1/learners/offsets/feedback", json={"prediction_id": pid1, "y": "b"})
+        assert wrong.status_code == 404 and "not issued by this replica" in wrong.text
+    assert (own / "replica").read_text().strip() != tag.strip()  # drawn again, and kept
+
+
 def test_a_record_that_fails_to_apply_is_skipped_alike_on_every_replica(pair, nats_url):
     r1, r2 = pair
     _create(r1, "skip")
@@ -446,3 +473,21 @@ def test_the_folder_log_takes_min_seq_too(tmp_path):
         assert r.status_code == 503 and r.json()["error"] == (
             "this replica has applied up to seq 1, 2 asked; retry or ask another replica")
         assert h.get("/v1/state").json()["skipped"] == 0
+
+
+def test_a_log_url_with_credentials_connects_and_never_prints_them(nats_url, tmp_path):
+    """nats://user:password@host:port: the reachability check read 'user:password@host' as the
+    host and the server refused to start; the first line printed the URL as given."""
+    secret_url = nats_url.replace("nats://", "nats://ciosl:hunter2-secret@")
+    with Server(tmp_path / "r", "--log", secret_url) as r:
+        _create(r, "guarded")
+        assert _learn(r, "guarded", np.eye(4)[:1], ["a"]).status_code == 200
+        assert "log: nats://***@127.0.0.1:" in r.lines[0]
+        r.stop()
+    said = "".join(r.lines) + "".join(r.err)
+    assert "hunter2" not in said
+    bad = subprocess.run([sys.executable, "-m", "ciosl", "serve", "--dir", str(tmp_path / "b"),
+                          "--log", "nats://ciosl:hunter2-secret@127.0.0.1:x"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and "--log nats://***@127.0.0.1:x" in bad.stderr
+    assert "hunter2" not in bad.stderr and len(bad.stderr.strip().splitlines()) == 1

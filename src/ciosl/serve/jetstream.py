@@ -22,6 +22,9 @@ KV_BUCKET = "ciosl_learners"
 OBJ_BUCKET = "ciosl_snapshots"
 CONNECT_SECONDS = 10.0
 RETRY_SECONDS = 0.1  # between two tries of a publish that found no stream leader
+# one try of a publish waits this long for its acknowledgement, then tries again with the same
+# id (a reply lost with a NATS server that died is not waited for until the request's end)
+TRY_SECONDS = 1.0
 HEARTBEAT_SECONDS = 0.5  # an ordered consumer missing two is made again
 START_SECONDS = 60.0  # a replica starting waits this long for JetStream to answer
 QUEUED = 1024  # records delivered and not yet applied, at most (memory stays bounded)
@@ -31,18 +34,19 @@ def parse_log(value: str) -> list[str]:
     """The server URLs of ``--log nats://HOST:PORT[,HOST:PORT...]`` (each ``nats://H:P``);
     ``ServeError`` naming ``--log`` and the value."""
     text = str(value)
+    shown = ",".join(_shown(p.strip()) for p in text.split(","))[:80]  # no password said
     if not text.startswith("nats://"):
-        raise ServeError(f"--log {text[:80]}: expected 'folder' or nats://HOST:PORT[,HOST:PORT"
+        raise ServeError(f"--log {shown}: expected 'folder' or nats://HOST:PORT[,HOST:PORT"
                          "...]")
     urls = []
     for part in text.split(","):
         part = part.strip()
         hostport = part[len("nats://"):] if part.startswith("nats://") else part
-        host, _, port = hostport.rpartition(":")
+        host, _, port = hostport.rpartition("@")[2].rpartition(":")
         host = host.strip("[]")
         if not host or not port.isdigit() or not 0 < int(port) < 65536 or "/" in hostport:
-            raise ServeError(f"--log {text[:80]}: {part[:60]!r} is not HOST:PORT (expected "
-                             "nats://HOST:PORT[,HOST:PORT...])")
+            raise ServeError(f"--log {shown}: {_shown(part)[:60]!r} is not HOST:PORT "
+                             "(expected nats://HOST:PORT[,HOST:PORT...])")
         urls.append(f"nats://{hostport}")
     return urls
 
@@ -71,7 +75,8 @@ class Log:
         self.urls, self.replicas, self.dedupe_window = list(urls), int(replicas), dedupe_window
         self.timeout = timeout  # each JetStream API call
         self.warn = warn
-        self.text = "nats://" + ",".join(u[len("nats://"):] for u in self.urls)
+        # as said in lines and errors: a URL's credentials (user:password@) never printed
+        self.text = "nats://" + ",".join(_shown(u[len("nats://"):]) for u in self.urls)
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run, name="ciosl-nats", daemon=True)
         self.nc = self.js = self.kv = self.obs = None
@@ -99,7 +104,7 @@ class Log:
         the learners' bucket and the snapshots' store when absent."""
         reachable = []
         for url in self.urls:
-            host, _, port = url[len("nats://"):].rpartition(":")
+            host, _, port = url[len("nats://"):].rpartition("@")[2].rpartition(":")
             try:
                 socket.create_connection((host.strip("[]"), int(port)), timeout=2).close()
                 reachable.append(url)
@@ -198,21 +203,29 @@ class Log:
     async def publish(self, subject: str, stream: str, payload: bytes, msg_id: str,
                       timeout: float) -> tuple[int, bool]:
         """(on the loop) Publish with ``Nats-Msg-Id``: (the stream seq, whether JetStream
-        took it as a duplicate of an earlier message with that id)."""
+        took it as a duplicate of an earlier message with that id). A try whose answer does
+        not come within ``TRY_SECONDS`` is made again with the same id; JetStream answering
+        that again as a duplicate means the first try landed, so only the first try's
+        duplicate is reported as one."""
         from nats.errors import NoRespondersError
         from nats.errors import TimeoutError as NatsTimeout
         from nats.js.errors import NoStreamResponseError, ServiceUnavailableError
 
         deadline = self.loop.time() + timeout
+        first = True
         while True:  # retried with the same id while time is left: JetStream drops a double
             left = deadline - self.loop.time()
             try:
-                ack = await self.js.publish(subject, payload, timeout=max(0.05, left),
+                ack = await self.js.publish(subject, payload,
+                                            timeout=max(0.05, min(TRY_SECONDS, left)),
                                             stream=stream, headers={"Nats-Msg-Id": msg_id})
-                return int(ack.seq), bool(ack.duplicate)
-            except (NoStreamResponseError, NoRespondersError, ServiceUnavailableError,
-                    NatsTimeout, asyncio.TimeoutError):  # no stream leader yet, or no answer
+                return int(ack.seq), bool(ack.duplicate) and first
+            except (NatsTimeout, asyncio.TimeoutError):  # no answer: it may have landed
                 if deadline - self.loop.time() < RETRY_SECONDS:
+                    raise
+                first = False
+            except (NoStreamResponseError, NoRespondersError, ServiceUnavailableError):
+                if deadline - self.loop.time() < RETRY_SECONDS:  # no stream leader yet
                     raise
             await asyncio.sleep(RETRY_SECONDS)
 
@@ -325,6 +338,13 @@ def transient(e: BaseException) -> bool:
 
     return isinstance(e, TimeoutError | asyncio.TimeoutError | NatsTimeout | NoRespondersError
                       | ServiceUnavailableError | NoStreamResponseError | ConnectionClosedError)
+
+
+def _shown(hostport: str) -> str:
+    """``[nats://]HOST:PORT`` with any ``user:password@`` before the host shown as ``***@``."""
+    scheme = "nats://" if hostport.startswith("nats://") else ""
+    creds, at, rest = hostport[len(scheme):].rpartition("@")
+    return f"{scheme}***@{rest}" if at else hostport
 
 
 def _line(e: BaseException) -> str:

@@ -97,7 +97,7 @@ class StreamService:
     def open(self) -> StreamService:
         t0 = time.perf_counter()
         self.folder.mkdir(parents=True, exist_ok=True)
-        self.tag = _tag(self.folder)
+        self.tag = _claim(self.log, self.stream, self.folder, _tag(self.folder))
         self._recover()
         staleness(self)
         self.window = _Window(PredictionWindow(self.folder, self.options.feedback_window),
@@ -475,6 +475,20 @@ def _answer(fut: cf.Future, answer: Answer, seen: int | None = None) -> None:
         answer.body.setdefault("seen", seen)
     with contextlib.suppress(cf.InvalidStateError):
         fut.set_result(answer)
+
+
+def _claim(log: Log, stream: str, folder: Path, tag: str) -> str:
+    """``tag``, once its offset (``_Window``) is this replica's alone for ``stream``: claimed
+    by a KV ``create`` of ``replica.<stream>.<offset>`` (a key no learner's name can be); a
+    tag whose offset another replica holds is drawn again, so that two replicas never issue
+    the same prediction id (feedback sent to the wrong one would correct another answer)."""
+    for _ in range(32):
+        key = f"replica.{stream}.{int(tag, 16) % 99_999 + 1}"
+        if log.kv_create(key, tag.encode()) or log.kv_get(key) == tag.encode():
+            return tag
+        tag = secrets.token_hex(6)
+        (folder / TAG).write_text(tag + "\n")
+    raise ServeError(f"learner stream {stream}: no free prediction-id offset after 32 draws")
 
 
 def _tag(folder: Path) -> str:

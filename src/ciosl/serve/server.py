@@ -159,7 +159,7 @@ def serve(folder: str, method: str | None, overrides: dict[str, str], *,
                     f"{service.recovery_seconds:.2f} s)")
         else:
             what = f"on {url_of(host, addr[1])}"
-        log = "" if options is None or options.log == "folder" else f"; log: {options.log}"
+        log = f"; log: {hub.log.text}" if hasattr(hub, "log") else ""  # no password said
         print(f"ciosl serve: {what}; {len(names)} learner(s), loaded on demand and unloaded "
               f"after {unload_after:g} s idle (at most {max_loaded} loaded); token: {where}"
               f"{log}", flush=True)
@@ -194,7 +194,7 @@ def _hub_class(options: Options | None) -> type[Hub]:
     try:
         import nats  # noqa: F401
     except ImportError:
-        raise ServeError(f"--log {options.log}: needs nats-py (pip install 'ciosl[nats]')") \
+        raise ServeError("--log nats://...: needs nats-py (pip install 'ciosl[nats]')") \
             from None
     from ciosl.serve.stream_hub import StreamHub
 

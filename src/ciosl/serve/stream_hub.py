@@ -66,6 +66,7 @@ class StreamHub(Hub):
             while True:  # a cluster electing a leader (a server down) answers in a while
                 try:
                     self._open_default(method, settings)
+                    self.names()  # read once here: later reads fall back on it
                     break
                 except Exception as e:
                     if not (transient(e) or (isinstance(e, Unavailable) and e.status == 503)):
