@@ -57,9 +57,15 @@ def check_place(folder: str | Path) -> Path:
 def claim(folder: Path) -> int:
     """Create the folder if new and hold its ``.lock``; the lock's descriptor."""
     check_place(folder)
+    return hold(folder, ".lock")
+
+
+def hold(folder: Path, lock: str, hint: str = "") -> int:
+    """Create ``folder`` if new and hold its file ``lock`` (one server at a time); the lock's
+    descriptor (closing it releases the lock). ``hint`` ends the line said when it is held."""
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        fd = os.open(folder / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+        fd = os.open(folder / lock, os.O_RDWR | os.O_CREAT, 0o600)
     except OSError as e:
         raise ServeError(f"--dir {folder}: cannot use it ({e.strerror or e})") from None
     try:
@@ -67,7 +73,7 @@ def claim(folder: Path) -> int:
     except OSError:
         os.close(fd)
         raise ServeError(f"--dir {folder}: in use by another ciosl serve (it holds "
-                         f"{folder / '.lock'})") from None
+                         f"{folder / lock}){hint}") from None
     return fd
 
 

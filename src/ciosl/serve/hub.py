@@ -16,7 +16,6 @@ learner in use is never unloaded).
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import re
 import shutil
@@ -133,18 +132,7 @@ class Hub:
             if others:
                 raise ServeError(f"--dir {f}: not a ciosl serve folder (it holds "
                                  f"{', '.join(others[:3])})")
-        try:
-            f.mkdir(parents=True, exist_ok=True)
-            fd = os.open(f / HUB_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
-        except OSError as e:
-            raise ServeError(f"--dir {f}: cannot use it ({e.strerror or e})") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
-            raise ServeError(f"--dir {f}: in use by another ciosl serve (it holds "
-                             f"{f / HUB_LOCK})") from None
-        self._lock_fd = fd
+        self._lock_fd = folder_mod.hold(f, HUB_LOCK)
 
     def _load_default(self, method: str | None, settings: dict | None) -> None:
         """The learner ``default``: ROOT itself when it is a served folder, or when ROOT holds

@@ -13,9 +13,7 @@ window, replica tag)."""
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
-import os
 import secrets
 import threading
 import time
@@ -23,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ciosl.fileio import dangling_link, dangling_text
+from ciosl.serve import folder as folder_mod
 from ciosl.serve.common import Options, _one_line, _stderr
 from ciosl.serve.events import EventLog
 from ciosl.serve.folder import ServeError
@@ -97,18 +96,7 @@ class StreamHub(Hub):
                              "another --dir")
         if f.exists() and not f.is_dir():
             raise ServeError(f"--dir {f}: not a folder")
-        try:
-            f.mkdir(parents=True, exist_ok=True)
-            fd = os.open(f / HUB_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
-        except OSError as e:
-            raise ServeError(f"--dir {f}: cannot use it ({e.strerror or e})") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
-            raise ServeError(f"--dir {f}: in use by another ciosl serve (it holds "
-                             f"{f / HUB_LOCK}); each replica needs a --dir of its own") from None
-        self._lock_fd = fd
+        self._lock_fd = folder_mod.hold(f, HUB_LOCK, "; each replica needs a --dir of its own")
 
     def _open_default(self, method: str | None, settings: dict | None) -> None:
         if method is not None:
